@@ -1,0 +1,244 @@
+"""`workspace.toml`: the typed configuration of a workspace, and its validation errors.
+
+Every section is a pydantic model that forbids unknown fields, so a typo is an error that names
+the file, the line, the field and what is allowed, never a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_FILE = "workspace.toml"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkspaceMeta(_Section):
+    name: str = Field(min_length=1, description="Shown in the CLI and the workbench.")
+    description: str = ""
+
+
+class MathDomainConfig(_Section):
+    """Multi-step arithmetic: `a+b-c...` with the intermediate results written out."""
+
+    name: Literal["math"] = "math"
+    seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
+    train_size: int = Field(4000, ge=1)
+    val_size: int = Field(200, ge=1)
+    min_operands: int = Field(2, ge=2, le=6)
+    max_operands: int = Field(3, ge=2, le=6)
+    max_operand: int = Field(50, ge=1, le=999, description="Operands are drawn from 0..max_operand.")
+    demo_shortcut_rate: float = Field(
+        0.5, ge=0, le=1, description="Share of warm-up demonstrations that state the answer without the chain."
+    )
+
+    @model_validator(mode="after")
+    def _operand_range(self) -> MathDomainConfig:
+        if self.max_operands < self.min_operands:
+            raise ValueError(
+                f"max_operands ({self.max_operands}) must be >= min_operands ({self.min_operands})"
+            )
+        return self
+
+
+DomainConfig = MathDomainConfig
+
+
+class EmbeddedPolicyConfig(_Section):
+    """The tiny Llama-style model built in code (no download)."""
+
+    hidden_size: int = Field(128, ge=16)
+    num_layers: int = Field(4, ge=1)
+    num_heads: int = Field(4, ge=1)
+    intermediate_size: int = Field(256, ge=16)
+    max_positions: int = Field(128, ge=32)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> EmbeddedPolicyConfig:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
+            )
+        return self
+
+
+class WarmupConfig(_Section):
+    """Supervised warm-up that turns a random embedded model into a partly competent v0."""
+
+    steps: int = Field(300, ge=1)
+    batch_size: int = Field(128, ge=1)
+    learning_rate: float = Field(2e-3, gt=0)
+    seed: int = 0
+
+
+class PolicyConfig(_Section):
+    kind: Literal["embedded", "local"] = "embedded"
+    path: Path | None = Field(None, description="A local Hugging Face causal-LM directory (kind = 'local').")
+    embedded: EmbeddedPolicyConfig = EmbeddedPolicyConfig()
+    warmup: WarmupConfig = WarmupConfig()
+
+    @model_validator(mode="after")
+    def _path_for_local(self) -> PolicyConfig:
+        if self.kind == "local":
+            if self.path is None:
+                raise ValueError("kind = 'local' needs path = '<a Hugging Face causal-LM directory>'")
+            if not (Path(self.path) / "config.json").is_file():
+                raise ValueError(f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)")
+        return self
+
+
+class RecipeConfig(_Section):
+    """The GRPO-family recipe a version trains with (names follow TRL's GRPOConfig)."""
+
+    loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
+    epsilon: float = Field(0.2, gt=0, le=1)
+    epsilon_high: float | None = Field(0.28, gt=0, le=1)
+    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 disables the reference model.")
+    num_generations: int = Field(8, ge=2, description="Samples per prompt: the GRPO group size.")
+    prompts_per_step: int = Field(4, ge=1)
+    learning_rate: float = Field(1e-4, gt=0, le=1e-2)
+    temperature: float = Field(1.0, gt=0)
+    max_completion_length: int = Field(48, ge=1)
+    steps: int = Field(100, ge=1)
+    seed: int = 0
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    eval_every: int = Field(0, ge=0, description="Evaluate on val every K steps (0: only at the end).")
+    rewards: dict[str, float] = Field(
+        default_factory=lambda: {"correctness": 1.0, "format": 0.1},
+        description="Weight of each named reward component of the domain.",
+    )
+
+    @model_validator(mode="after")
+    def _clip_range(self) -> RecipeConfig:
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(f"epsilon_high ({self.epsilon_high}) must be >= epsilon ({self.epsilon})")
+        if not self.rewards:
+            raise ValueError("rewards must name at least one reward component")
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per optimizer step."""
+        return self.prompts_per_step * self.num_generations
+
+
+class EvalConfig(_Section):
+    sampled_seeds: int = Field(2, ge=1, description="Sampled passes over val (greedy is always one pass).")
+    temperature: float = Field(1.0, gt=0)
+
+
+class BudgetConfig(_Section):
+    max_versions: int = Field(8, ge=1)
+    max_train_steps: int = Field(2000, ge=1)
+
+
+class GatesConfig(_Section):
+    after_diagnosis: bool = False
+    after_design: bool = True
+    after_backtest: bool = False
+    after_completion: bool = True
+
+
+class WorkspaceConfig(_Section):
+    workspace: WorkspaceMeta
+    domain: DomainConfig = MathDomainConfig()
+    policy: PolicyConfig = PolicyConfig()
+    recipe: RecipeConfig = RecipeConfig()
+    eval: EvalConfig = EvalConfig()
+    budget: BudgetConfig = BudgetConfig()
+    gates: GatesConfig = GatesConfig()
+
+    @model_validator(mode="after")
+    def _reward_components_exist(self) -> WorkspaceConfig:
+        from engine.domains import reward_component_names
+
+        allowed = reward_component_names(self.domain.name)
+        unknown = sorted(set(self.recipe.rewards) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"recipe.rewards names unknown component(s) {unknown} for domain "
+                f"{self.domain.name!r}; allowed: {', '.join(allowed)}"
+            )
+        return self
+
+
+class WorkspaceConfigError(Exception):
+    """`workspace.toml` could not be read or validated; `problems` has one line per error."""
+
+    def __init__(self, path: Path, problems: list[str]):
+        self.path = path
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Best-effort line number of a dotted field in TOML text (tomllib keeps no positions)."""
+    keys = [str(k) for k in loc if not isinstance(k, int)]
+    if not keys:
+        return None
+    lines = text.splitlines()
+    # Find the deepest table header that is a prefix of the field, then the key below it.
+    for depth in range(len(keys) - 1, -1, -1):
+        table, key = keys[:depth], keys[depth]
+        start = 0
+        if table:
+            header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(map(re.escape, table)) + r"\s*\]\s*(#.*)?$")
+            found = [i for i, line in enumerate(lines) if header.match(line)]
+            if not found:
+                continue
+            start = found[0] + 1
+        key_re = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+        for i in range(start, len(lines)):
+            if i > start and lines[i].lstrip().startswith("[") and table:
+                break
+            if not table and lines[i].lstrip().startswith("["):
+                break
+            if key_re.match(lines[i]):
+                return i + 1
+        if table:
+            return start  # the table header line
+    return None
+
+
+def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
+    loc = err.get("loc", ())
+    field = ".".join(str(k) for k in loc) or "(top level)"
+    line = _line_of(text, loc)
+    where = f"{path}:{line}" if line else str(path)
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; see sample_workspace/workspace.toml for every field)"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif msg.startswith("Value error, "):
+        msg = msg.removeprefix("Value error, ")
+    got = err.get("input")
+    suffix = f" (got {got!r})" if err["type"] not in ("missing", "model_type") and not isinstance(got, dict) else ""
+    return f"{where}: field '{field}': {msg}{suffix}"
+
+
+def parse_config(text: str, path: Path) -> WorkspaceConfig:
+    """Parse and validate TOML text; `path` is only used in error messages."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise WorkspaceConfigError(path, [f"{path}: not valid TOML: {exc}"]) from None
+    try:
+        return WorkspaceConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [_format_error(path, text, err) for err in exc.errors()]
+        raise WorkspaceConfigError(path, problems) from None
+
+
+def load_config(workspace: Path) -> WorkspaceConfig:
+    path = Path(workspace) / CONFIG_FILE
+    if not path.is_file():
+        raise WorkspaceConfigError(path, [f"{path}: not found; create a workspace with `evotui init DIR`"])
+    return parse_config(path.read_text(encoding="utf-8"), path)

@@ -1,0 +1,478 @@
+"""The engine's core for one workspace: builds v0, creates versions, launches and follows runs,
+ingests their artifacts, judges versions and records decisions.
+
+Only the engine opens the workspace's DuckDB file. The CLI and (later) the daemon drive this class;
+it never prints: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
+from engine.runs.artifacts import LOG_FILE
+from engine.runs.ingest import ingest_run
+from engine.runs.runner import LocalRunner, Runner
+from engine.runs.spec import RunKind, RunSpec
+from engine.store import RunRecord, Store, VersionRecord
+from engine.verdict import Verdict, compare_runs
+from engine.versions import VersionTree
+from engine.workspace import Workspace
+
+BASE = "v0"
+VERSION_FILE = "version.toml"
+
+
+@dataclass
+class RunUpdate:
+    """What a progress display needs after each poll of a run."""
+
+    run_id: str
+    version: str
+    kind: str
+    state: str  # running, succeeded, failed
+    step: int = 0
+    total_steps: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+ProgressFn = Callable[[RunUpdate], None]
+ApproveFn = Callable[[str], bool]
+
+
+class RunFailed(RuntimeError):
+    def __init__(self, run: RunRecord):
+        self.run = run
+        super().__init__(f"run {run.id} of {run.version} failed:\n{run.error_tail or '(no error output)'}")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A proposed child version: its change and the record of why."""
+
+    parent: str
+    name: str
+    files: dict[str, str]
+    kind: str
+    factor: str
+    change: dict[str, Any]
+    hypothesis: str
+    success_criterion: str
+    rollback: str
+
+    @property
+    def title(self) -> str:
+        if not self.change:
+            return f"{self.name}: GRPO from {self.parent} with its recipe"
+        changes = ", ".join(f"{k} {v['from']!r} -> {v['to']!r}" for k, v in self.change.items())
+        return f"{self.name}: {changes}"
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and key != "rewards":
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict[str, Any]]:
+    a = _flatten(old.model_dump(mode="json"))
+    b = _flatten(new.model_dump(mode="json"))
+    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+class Engine:
+    def __init__(self, workspace: Workspace, runner: Runner | None = None, poll_seconds: float = 0.5):
+        self.workspace = workspace
+        self.config = workspace.load_config()
+        self.tree = VersionTree(workspace.root)
+        self.store = Store(workspace.db_path)
+        self.runner = runner or LocalRunner()
+        self.poll_seconds = poll_seconds
+        self.recover()
+
+    @classmethod
+    def open(cls, root: Path | str, **kw: Any) -> Engine:
+        return cls(Workspace.open(root), **kw)
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- recovery -----------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Runs left 'running' by an engine that died: ingest what they wrote, then settle them."""
+        for run in self.store.list_runs():
+            if run.state not in ("running", "queued"):
+                continue
+            if run.pid and _alive(run.pid):
+                continue
+            ingest_run(self.store, run.id, Path(run.run_dir))
+            self._finish_run(run.id, returncode=None)
+
+    # -- versions -----------------------------------------------------------------------------
+    def version_config(self, version: str) -> WorkspaceConfig:
+        text = self.tree.read(version, CONFIG_FILE)
+        return parse_config(text, Path(f"{self.tree.branch(version)}:{CONFIG_FILE}"))
+
+    def next_version_name(self) -> str:
+        names = {v.name for v in self.store.list_versions()} | set(self.tree.versions())
+        n = 1 + max((int(v[1:]) for v in names), default=-1)
+        return f"v{n}"
+
+    def best_version(self) -> VersionRecord | None:
+        promoted = [v for v in self.store.list_versions() if v.state == "promoted"]
+        return max(promoted, key=lambda v: (_score(v), -int(v.name[1:])), default=None)
+
+    def ensure_base(self, progress: ProgressFn | None = None) -> VersionRecord:
+        """v0: the embedded policy after its warm-up (or the configured local model), evaluated."""
+        base = self.store.get_version(BASE)
+        if base is not None and base.state == "promoted" and base.checkpoint:
+            return base
+        if base is None:
+            sha = self.tree.commit_of(BASE).hexsha if self.tree.exists(BASE) else self.tree.create_base(BASE)
+            self.store.add_version(BASE, None, self.tree.branch(BASE), sha)
+            self.store.add_event("version_created", {"parent": None}, version=BASE)
+        config = self.version_config(BASE)
+        model_in = config.policy.path if config.policy.kind == "local" else None
+        out = self.workspace.model_dir(BASE)
+        run = self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress)
+        self._record_scores(BASE, run.id)
+        self.store.update_version(BASE, checkpoint=str(out.relative_to(self.workspace.root)))
+        self.decide(BASE, "promoted", "base policy")
+        record = self.store.get_version(BASE)
+        assert record is not None
+        return record
+
+    def plan_child(self, parent: str) -> Plan:
+        """The next version from `parent`: the working tree's workspace.toml against the parent's."""
+        parent_config = self.version_config(parent)
+        text = self.workspace.config_path.read_text(encoding="utf-8")
+        config = parse_config(text, self.workspace.config_path)
+        change = config_changes(parent_config, config)
+        name = self.next_version_name()
+        if not change:
+            factor, kind = "none", "recipe"
+            hypothesis = (
+                f"GRPO on {parent} with its recipe raises held-out correctness, because the reward "
+                "separates correct from incorrect samples within groups."
+            )
+        else:
+            factor = ", ".join(change)
+            kind = "multi" if len({k.split(".")[0] for k in change}) > 1 else next(iter(change)).split(".")[0]
+            hypothesis = f"Changing {factor} from {parent} raises held-out correctness."
+        files = {
+            CONFIG_FILE: text,
+            VERSION_FILE: _version_toml(name, parent, kind, factor, change, hypothesis),
+        }
+        return Plan(
+            parent=parent,
+            name=name,
+            files=files,
+            kind=kind,
+            factor=factor,
+            change=change,
+            hypothesis=hypothesis,
+            success_criterion="val correctness (greedy or sampled) rises with its 95% paired-bootstrap interval above 0",
+            rollback=f"keep {parent}; the branch stays as negative evidence",
+        )
+
+    def create_version(self, plan: Plan) -> VersionRecord:
+        message = f"{plan.title}\n\nHypothesis: {plan.hypothesis}\nSuccess: {plan.success_criterion}\n"
+        sha = self.tree.create_child(plan.parent, plan.name, plan.files, message)
+        intervention_id = f"{plan.name}-delta"
+        with self.store.transaction():
+            self.store.add_version(plan.name, plan.parent, self.tree.branch(plan.name), sha)
+            self.store.add_intervention(
+                intervention_id,
+                plan.name,
+                plan.kind,
+                plan.factor,
+                plan.change,
+                plan.hypothesis,
+                plan.success_criterion,
+                plan.rollback,
+            )
+            self.store.update_version(plan.name, intervention_id=intervention_id)
+            self.store.add_event("version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name)
+        record = self.store.get_version(plan.name)
+        assert record is not None
+        return record
+
+    def train(self, version: str, progress: ProgressFn | None = None) -> RunRecord:
+        record = self.store.get_version(version)
+        if record is None or record.parent is None:
+            raise ValueError(f"{version} is not a trainable child version")
+        parent = self.store.get_version(record.parent)
+        if parent is None or not parent.checkpoint:
+            raise ValueError(f"parent {record.parent} of {version} has no checkpoint")
+        config = self.version_config(version)
+        self.store.update_version(version, state="training")
+        out = self.workspace.model_dir(version)
+        try:
+            run = self.execute(
+                version, "train", config, self.workspace.root / parent.checkpoint, out, progress=progress
+            )
+        except RunFailed:
+            self.store.update_version(version, state="failed")
+            raise
+        self.store.update_version(
+            version, state="trained", checkpoint=str(out.relative_to(self.workspace.root))
+        )
+        self._record_scores(version, run.id)
+        return run
+
+    def judge(self, version: str) -> Verdict:
+        record = self.store.get_version(version)
+        if record is None or record.parent is None:
+            raise ValueError(f"{version} has no parent to be judged against")
+        parent_run, child_run = self.eval_run(record.parent), self.eval_run(version)
+        if parent_run is None or child_run is None:
+            raise ValueError(f"{record.parent} or {version} has no evaluation yet")
+        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id)
+        self.store.update_version(version, verdict=verdict.label)
+        self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
+        return verdict
+
+    def decide(self, version: str, decision: str, reason: str) -> None:
+        if decision not in ("promoted", "rejected"):
+            raise ValueError(f"decision must be 'promoted' or 'rejected', not {decision!r}")
+        if decision == "promoted":
+            self.tree.promote(version, reason)
+        else:
+            self.tree.reject(version, reason)
+        self.store.update_version(version, state=decision, decision_reason=reason, decided_at=_now())
+        self.store.add_event("decision", {"decision": decision, "reason": reason}, version=version)
+
+    def eval_run(self, version: str) -> RunRecord | None:
+        """The version's latest succeeded run that evaluated it on val."""
+        row = self.store.query_one(
+            """
+            SELECT r.id FROM runs r
+            WHERE r.version = ? AND r.state = 'succeeded'
+              AND EXISTS (SELECT 1 FROM rollouts o WHERE o.run_id = r.id AND o.split = 'val')
+            ORDER BY r.ended_at DESC LIMIT 1
+            """,
+            [version],
+        )
+        return self.store.get_run(row[0]) if row else None
+
+    def _record_scores(self, version: str, run_id: str) -> None:
+        row = self.store.query_one(
+            """
+            SELECT avg(reward_components['correctness']) FILTER (WHERE decoding = 'greedy'),
+                   avg(reward_components['correctness']) FILTER (WHERE decoding = 'sampled'),
+                   count(DISTINCT task_id)
+            FROM rollouts
+            WHERE run_id = $run AND split = 'val'
+              AND step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val')
+            """,
+            {"run": run_id},
+        )
+        if row and row[2]:
+            self.store.update_version(version, val_greedy=row[0], val_sampled=row[1], val_n=row[2])
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def run_versions(
+        self,
+        count: int,
+        approve: ApproveFn,
+        progress: ProgressFn | None = None,
+        on_verdict: Callable[[str, Verdict], None] | None = None,
+    ) -> list[str]:
+        """Build v0 if needed, then train `count` versions, each from the best promoted version.
+
+        `approve(question)` is asked at the gates the workspace switches on (design: before a
+        version trains; completion: before it is promoted or rejected).
+        """
+        self.ensure_base(progress)
+        trained: list[str] = []
+        for _ in range(count):
+            best = self.best_version()
+            assert best is not None  # v0 is promoted by ensure_base
+            plan = self.plan_child(best.name)
+            if self.config.gates.after_design and not approve(f"Train {plan.title}?"):
+                break
+            version = self.create_version(plan).name
+            self.train(version, progress)
+            trained.append(version)
+            verdict = self.judge(version)
+            if on_verdict is not None:
+                on_verdict(version, verdict)
+            decision = {"improved": "promoted", "regressed": "rejected"}.get(verdict.label)
+            if decision is None:
+                continue  # mixed or insufficient evidence: kept as trained, undecided
+            if self.config.gates.after_completion and not approve(
+                f"{'Promote' if decision == 'promoted' else 'Reject'} {version} ({verdict.summary()})?"
+            ):
+                continue
+            self.decide(version, decision, verdict.summary())
+        return trained
+
+    # -- runs -----------------------------------------------------------------------------------
+    def execute(
+        self,
+        version: str,
+        kind: RunKind,
+        config: WorkspaceConfig,
+        model_in: Path | None,
+        model_out: Path | None,
+        progress: ProgressFn | None = None,
+    ) -> RunRecord:
+        """Launch a worker for one run and follow it to the end; raises RunFailed if it fails."""
+        run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
+        run_dir = self.workspace.runs_dir / run_id
+        spec = RunSpec(
+            run_id=run_id, version=version, kind=kind, config=config, model_in=model_in, model_out=model_out
+        )
+        spec.save(run_dir)
+        self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
+        handle = self.runner.start(run_dir)
+        self.store.update_run(run_id, state="running", pid=handle.pid, started_at=_now())
+        self.store.add_event("run_started", {"kind": kind, "pid": handle.pid}, run_id=run_id, version=version)
+        update = RunUpdate(run_id, version, kind, "running", total_steps=spec.total_steps)
+        try:
+            while True:
+                returncode = handle.poll()
+                self._follow(run_id, run_dir, update, progress)
+                if returncode is not None:
+                    break
+                time.sleep(self.poll_seconds)
+        except BaseException:
+            # Interrupted (Ctrl-C) or the engine itself failed: the worker must not outlive the run.
+            _kill_group(handle.pid)
+            handle.wait()
+            self._follow(run_id, run_dir, update, progress)
+            self._finish_run(run_id, returncode=None, reason="interrupted: the engine stopped following this run")
+            raise
+        run = self._finish_run(run_id, returncode)
+        update.state = run.state
+        update.error = run.error_tail
+        if progress is not None:
+            progress(update)
+        if run.state != "succeeded":
+            raise RunFailed(run)
+        return run
+
+    def _follow(self, run_id: str, run_dir: Path, update: RunUpdate, progress: ProgressFn | None) -> None:
+        report = ingest_run(self.store, run_id, run_dir)
+        for event in report.events:
+            kind = event.get("type")
+            if kind == "start" and event.get("total_steps"):
+                update.total_steps = int(event["total_steps"])
+            elif kind == "metrics":
+                update.step = max(update.step, int(event["step"]))
+                update.metrics.update(event["values"])
+        if progress is not None and report.events:
+            progress(update)
+
+    def _finish_run(self, run_id: str, returncode: int | None, reason: str | None = None) -> RunRecord:
+        run = self.store.get_run(run_id)
+        assert run is not None
+        run_dir = Path(run.run_dir)
+        ended = error = None
+        from engine.runs.artifacts import EVENTS_FILE, read_events
+
+        for event in read_events(run_dir / EVENTS_FILE, 0)[0]:
+            if event.get("type") == "end":
+                ended = event
+            elif event.get("type") == "error":
+                error = event
+        succeeded = ended is not None and returncode in (0, None) and reason is None
+        if succeeded:
+            self.store.update_run(run_id, state="succeeded", ended_at=_now())
+        else:
+            tail = reason or ""
+            if error is not None:
+                tail = f"{tail}\n{error['traceback']}".strip()
+            else:
+                log = run_dir / LOG_FILE
+                log_tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
+                code = f"worker exited with code {returncode}" if returncode is not None else ""
+                tail = "\n".join(x for x in (tail, code, log_tail) if x)
+            self.store.update_run(run_id, state="failed", ended_at=_now(), error_tail=tail or "unknown failure")
+            if run.version and (v := self.store.get_version(run.version)) and v.state == "training":
+                self.store.update_version(run.version, state="failed")
+        self.store.add_event(
+            "run_finished", {"state": "succeeded" if succeeded else "failed"}, run_id=run_id, version=run.version
+        )
+        final = self.store.get_run(run_id)
+        assert final is not None
+        return final
+
+    # -- reporting --------------------------------------------------------------------------------
+    def train_curve_summary(self, run_id: str, window: int = 10) -> dict[str, tuple[float | None, float | None]]:
+        """Mean of `reward` and `frac_reward_zero_std` over the first and last `window` steps."""
+        rows = self.store.query(
+            """
+            WITH m AS (
+                SELECT key, step, value,
+                       row_number() OVER (PARTITION BY key ORDER BY step) AS first_rank,
+                       row_number() OVER (PARTITION BY key ORDER BY step DESC) AS last_rank
+                FROM metrics WHERE run_id = ? AND key IN ('reward', 'frac_reward_zero_std')
+            )
+            SELECT key, avg(value) FILTER (WHERE first_rank <= ?), avg(value) FILTER (WHERE last_rank <= ?)
+            FROM m GROUP BY key
+            """,
+            [run_id, window, window],
+        )
+        return {key: (first, last) for key, first, last in rows}
+
+    def train_run(self, version: str) -> RunRecord | None:
+        runs = [r for r in self.store.list_runs(version) if r.kind == "train" and r.state == "succeeded"]
+        return runs[-1] if runs else None
+
+
+def _version_toml(name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str) -> str:
+    import tomli_w
+
+    doc = {
+        "version": {"name": name, "parent": parent},
+        "intervention": {"kind": kind, "factor": factor, "hypothesis": hypothesis, "change": json.dumps(change)},
+    }
+    return tomli_w.dumps(doc)
+
+
+def _score(v: VersionRecord) -> float:
+    values = [x for x in (v.val_greedy, v.val_sampled) if x is not None]
+    return sum(values) / len(values) if values else float("-inf")
+
+
+def _now() -> Any:
+    from datetime import datetime
+
+    return datetime.now()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,115 @@
+"""Math domain: multi-step integer arithmetic with every intermediate result written out.
+
+Prompt ``Q:12+7-5\\n``; a well-formed completion ``12+7=19;19-5=14;A:14``. The verifier reads
+the final ``A:`` answer; the format check requires the whole chain. More operands make longer
+chains, so a tight ``max_completion_length`` truncates them: the truncation the harness sees.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from functools import cached_property
+
+from engine.config import MathDomainConfig
+from engine.domains.base import RewardFn, Task
+
+_ANSWER = re.compile(r"A:(-?\d+)\s*$")
+_WELL_FORMED = re.compile(r"(-?\d+[+-]\d+=-?\d+;)*A:-?\d+")
+
+
+def parse_answer(completion: str) -> str | None:
+    match = _ANSWER.search(completion)
+    return match.group(1) if match else None
+
+
+def is_well_formed(completion: str) -> bool:
+    return _WELL_FORMED.fullmatch(completion.strip()) is not None
+
+
+class MathDomain:
+    name = "math"
+    alphabet = "0123456789+-=;:AQ\n"
+
+    def __init__(self, config: MathDomainConfig):
+        self.config = config
+
+    @cached_property
+    def _splits(self) -> dict[str, list[Task]]:
+        # Val is drawn first from its own stream; train skips every val expression, so the
+        # held-out split is really held out, and both are fixed by the seed alone.
+        cfg = self.config
+        val = self._draw("val", cfg.val_size, exclude=set())
+        train = self._draw("train", cfg.train_size, exclude={t.prompt for t in val})
+        return {"train": train, "val": val}
+
+    def _draw(self, split: str, count: int, exclude: set[str]) -> list[Task]:
+        cfg = self.config
+        rng = random.Random(f"math:{cfg.seed}:{split}")
+        tasks: list[Task] = []
+        seen = set(exclude)
+        attempts = 0
+        while len(tasks) < count:
+            attempts += 1
+            if attempts > 50 * count + 1000:
+                raise ValueError(
+                    f"math domain: cannot draw {count} distinct {split} problems with operands 0..{cfg.max_operand} "
+                    f"and {cfg.min_operands}-{cfg.max_operands} operands; raise max_operand or max_operands"
+                )
+            n = rng.randint(cfg.min_operands, cfg.max_operands)
+            operands = [rng.randint(0, cfg.max_operand) for _ in range(n)]
+            ops = [rng.choice("+-") for _ in range(n - 1)]
+            expr = str(operands[0]) + "".join(f"{op}{x}" for op, x in zip(ops, operands[1:], strict=True))
+            prompt = f"Q:{expr}\n"
+            if prompt in seen:
+                continue
+            seen.add(prompt)
+            tasks.append(Task(f"{split}-{len(tasks):05d}", prompt, str(_evaluate(operands, ops)), f"ops{n}"))
+        return tasks
+
+    def tasks(self, split: str) -> Sequence[Task]:
+        if split not in self._splits:
+            raise KeyError(f"unknown split {split!r}; the math domain has 'train' and 'val'")
+        return self._splits[split]
+
+    def demonstration(self, task: Task, rng: random.Random | None = None) -> str:
+        """A correct completion. With probability `demo_shortcut_rate` it skips the chain and
+        states the answer at once: warm-up data of mixed quality, as real SFT data is. The tiny
+        policy gets shortcut answers mostly wrong, so v0 mixes two habits and RL has a real
+        choice to make (write the chain out)."""
+        if rng is not None and rng.random() < self.config.demo_shortcut_rate:
+            return f"A:{task.answer}"
+        expr = task.prompt.removeprefix("Q:").strip()
+        tokens = re.findall(r"\d+|[+-]", expr)
+        acc = int(tokens[0])
+        steps = []
+        for op, x in zip(tokens[1::2], tokens[2::2], strict=True):
+            new = acc + int(x) if op == "+" else acc - int(x)
+            steps.append(f"{acc}{op}{x}={new};")
+            acc = new
+        return "".join(steps) + f"A:{acc}"
+
+    def is_correct(self, task: Task, completion: str) -> bool:
+        return parse_answer(completion) == task.answer
+
+    @property
+    def reward_components(self) -> dict[str, RewardFn]:
+        return {"correctness": correctness, "format": format_reward}
+
+
+def _evaluate(operands: list[int], ops: list[str]) -> int:
+    acc = operands[0]
+    for op, x in zip(ops, operands[1:], strict=True):
+        acc = acc + x if op == "+" else acc - x
+    return acc
+
+
+def correctness(task: Task, completion: str) -> float:
+    """Binary: 1.0 when the final answer equals the true value."""
+    return 1.0 if parse_answer(completion) == task.answer else 0.0
+
+
+def format_reward(task: Task, completion: str) -> float:
+    """1.0 when the completion is a complete, well-formed chain ending in an answer."""
+    return 1.0 if is_well_formed(completion) else 0.0

@@ -1,0 +1,159 @@
+"""What a run worker leaves in its run directory, and how the engine reads it back.
+
+- ``spec.json``: the run's specification (written by the engine before launch).
+- ``events.jsonl``: append-only event log, one JSON object per line, flushed per step.
+- ``rollouts/*.parquet``: rollout batches, each written to a temporary name and then renamed,
+  so a reader never sees half a file.
+- ``worker.log``: the worker's stdout and stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+EVENTS_FILE = "events.jsonl"
+SPEC_FILE = "spec.json"
+LOG_FILE = "worker.log"
+ROLLOUT_DIR = "rollouts"
+
+ROLLOUT_SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("step", pa.int32()),
+        ("split", pa.string()),
+        ("decoding", pa.string()),
+        ("group_id", pa.int32()),
+        ("sample_idx", pa.int32()),
+        ("task_id", pa.string()),
+        ("subset", pa.string()),
+        ("prompt", pa.string()),
+        ("completion", pa.string()),
+        ("reward", pa.float64()),
+        ("reward_components", pa.map_(pa.string(), pa.float64())),
+        ("truncated", pa.bool_()),
+        ("completion_length", pa.int32()),
+        ("turns", pa.string()),
+        ("tool_calls", pa.string()),
+    ]
+)
+
+
+@dataclass
+class RolloutBatch:
+    """Column lists of one batch of rollouts (one GRPO step, or one evaluation)."""
+
+    run_id: str
+    step: int
+    split: str
+    decoding: str
+    group_id: list[int] = field(default_factory=list)
+    sample_idx: list[int] = field(default_factory=list)
+    task_id: list[str] = field(default_factory=list)
+    subset: list[str] = field(default_factory=list)
+    prompt: list[str] = field(default_factory=list)
+    completion: list[str] = field(default_factory=list)
+    reward: list[float] = field(default_factory=list)
+    reward_components: list[dict[str, float]] = field(default_factory=list)
+    truncated: list[bool] = field(default_factory=list)
+    completion_length: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.task_id)
+
+    def to_arrow(self) -> pa.Table:
+        n = len(self)
+        columns = {
+            "run_id": [self.run_id] * n,
+            "step": [self.step] * n,
+            "split": [self.split] * n,
+            "decoding": [self.decoding] * n,
+            "group_id": self.group_id,
+            "sample_idx": self.sample_idx,
+            "task_id": self.task_id,
+            "subset": self.subset,
+            "prompt": self.prompt,
+            "completion": self.completion,
+            "reward": self.reward,
+            "reward_components": [list(c.items()) for c in self.reward_components],
+            "truncated": self.truncated,
+            "completion_length": self.completion_length,
+            "turns": [None] * n,
+            "tool_calls": [None] * n,
+        }
+        return pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)
+
+
+def write_rollouts(run_dir: Path, name: str, batch: RolloutBatch) -> str:
+    """Write a batch as ``rollouts/<name>.parquet`` atomically; returns the path relative to run_dir."""
+    out_dir = run_dir / ROLLOUT_DIR
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / f"{name}.parquet"
+    tmp = out_dir / f".{name}.parquet.tmp"
+    pq.write_table(batch.to_arrow(), tmp, compression="zstd")
+    os.replace(tmp, final)
+    return f"{ROLLOUT_DIR}/{final.name}"
+
+
+class EventLog:
+    """Append-only JSON-lines writer; every event is flushed so the engine can follow along."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, type: str, **payload: Any) -> None:
+        record = {"type": type, "ts": time.time(), **payload}
+        self._fh.write(json.dumps(record, separators=(",", ":"), default=_jsonable) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete events after byte `offset`, and the offset after the last complete line.
+
+    A line still being written (no newline yet) is left for the next call; a line that is not
+    JSON (a worker killed mid-write) is skipped, never fatal.
+    """
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        data = fh.read()
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], offset
+    events = []
+    for line in data[: end + 1].splitlines():
+        if not line.strip():
+            continue
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events, offset + end + 1
+
+
+def metric_rows(events: Sequence[dict[str, Any]]) -> list[tuple[int, str, float | None]]:
+    rows: list[tuple[int, str, float | None]] = []
+    for event in events:
+        if event.get("type") == "metrics":
+            step = int(event["step"])
+            rows.extend((step, key, None if value is None else float(value)) for key, value in event["values"].items())
+    return rows

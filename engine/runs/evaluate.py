@@ -1,0 +1,102 @@
+"""Evaluation on the held-out split: greedy once, then sampled with fixed seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from engine.domains import Domain, Task, score
+from engine.runs.artifacts import RolloutBatch
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    greedy: RolloutBatch
+    sampled: RolloutBatch
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for batch in (self.greedy, self.sampled):
+            n = max(1, len(batch))
+            prefix = f"eval/{batch.decoding}"
+            out[f"{prefix}_accuracy"] = sum(c.get("correctness", 0.0) for c in batch.reward_components) / n
+            out[f"{prefix}_reward"] = sum(batch.reward) / n
+            out[f"{prefix}_truncated"] = sum(batch.truncated) / n
+            out[f"{prefix}_mean_length"] = sum(batch.completion_length) / n
+        return out
+
+
+@torch.no_grad()
+def generate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    do_sample: bool,
+    temperature: float = 1.0,
+    batch_size: int = 256,
+) -> list[tuple[str, bool, int]]:
+    """(completion text, truncated, completion length in tokens incl. EOS) per prompt."""
+    out: list[tuple[str, bool, int]] = []
+    eos = tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    for start in range(0, len(prompts), batch_size):
+        chunk = list(prompts[start : start + batch_size])
+        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {
+            "do_sample": False
+        }
+        generated = model.generate(
+            **enc, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, **sampling
+        )
+        for row in generated[:, enc["input_ids"].shape[1] :].tolist():
+            if eos in row:
+                cut = row.index(eos)
+                out.append((tokenizer.decode(row[:cut], skip_special_tokens=True), False, cut + 1))
+            else:
+                out.append((tokenizer.decode(row, skip_special_tokens=True), True, len(row)))
+    if was_training:
+        model.train()
+    return out
+
+
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    domain: Domain,
+    weights: dict[str, float],
+    max_new_tokens: int,
+    sampled_seeds: int,
+    temperature: float,
+    run_id: str,
+    step: int,
+    seed: int = 0,
+) -> EvalResult:
+    tasks = list(domain.tasks("val"))
+    prompts = [t.prompt for t in tasks]
+    greedy = RolloutBatch(run_id=run_id, step=step, split="val", decoding="greedy")
+    sampled = RolloutBatch(run_id=run_id, step=step, split="val", decoding="sampled")
+    passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False))]
+    for k in range(sampled_seeds):
+        # Fixed seeds: a version is always judged on the same draws.
+        torch.manual_seed(seed * 1000 + k)
+        passes.append((sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature)))
+    for batch, sample_idx, outputs in passes:
+        for i, (task, (text, truncated, length)) in enumerate(zip(tasks, outputs, strict=True)):
+            total, components = score(domain, task, text, weights)
+            batch.group_id.append(i)
+            batch.sample_idx.append(sample_idx)
+            batch.task_id.append(task.task_id)
+            batch.subset.append(task.subset)
+            batch.prompt.append(task.prompt)
+            batch.completion.append(text)
+            batch.reward.append(total)
+            batch.reward_components.append(components)
+            batch.truncated.append(truncated)
+            batch.completion_length.append(length)
+    return EvalResult(greedy, sampled)

@@ -1,0 +1,91 @@
+"""Captures every GRPO rollout by wrapping the domain's reward components as TRL reward functions.
+
+TRL calls the reward functions of a generation batch one after another with the same
+completions; when the last one has scored the batch, the recorder writes it as one Parquet
+file (group id, sample index, every component, total, truncation, length) and logs an event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.domains import Domain, Task
+from engine.runs.artifacts import EventLog, RolloutBatch, write_rollouts
+
+
+class RolloutRecorder:
+    def __init__(
+        self,
+        run_id: str,
+        run_dir: Path,
+        domain: Domain,
+        weights: dict[str, float],
+        num_generations: int,
+        eos_token_ids: Sequence[int],
+        events: EventLog | None,
+    ):
+        self.run_id = run_id
+        self.run_dir = run_dir
+        self.domain = domain
+        self.weights = weights
+        self.num_generations = num_generations
+        self.stop_ids = set(eos_token_ids)
+        self.events = events
+        self.components = list(domain.reward_components)
+        self._tasks: dict[str, Task] = {t.task_id: t for t in domain.tasks("train")}
+        self._pending: dict[str, list[float]] = {}
+
+    @property
+    def reward_weights(self) -> list[float]:
+        """Weights in the order of `reward_functions()`, for GRPOConfig.reward_weights."""
+        return [self.weights.get(name, 0.0) for name in self.components]
+
+    def reward_functions(self) -> list[Callable[..., list[float]]]:
+        return [self._make_reward_fn(name) for name in self.components]
+
+    def _make_reward_fn(self, name: str) -> Callable[..., list[float]]:
+        component = self.domain.reward_components[name]
+
+        def reward_fn(
+            prompts: list[str], completions: list[str], completion_ids: list[list[int]], task_id: list[str], **kw: Any
+        ) -> list[float]:
+            scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
+            self._pending[name] = scores
+            if len(self._pending) == len(self.components):
+                self._flush(prompts, completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
+            return scores
+
+        # TRL names the component's metrics (`rewards/<name>/mean`) after the function.
+        reward_fn.__name__ = name
+        return reward_fn
+
+    def _flush(
+        self,
+        prompts: list[str],
+        completions: list[str],
+        completion_ids: list[list[int]],
+        task_ids: list[str],
+        step: int,
+    ) -> None:
+        pending, self._pending = self._pending, {}
+        batch = RolloutBatch(run_id=self.run_id, step=step, split="train", decoding="sampled")
+        for i, (prompt, completion, ids, task_id) in enumerate(
+            zip(prompts, completions, completion_ids, task_ids, strict=True)
+        ):
+            components = {name: pending[name][i] for name in self.components}
+            batch.group_id.append(i // self.num_generations)
+            batch.sample_idx.append(i % self.num_generations)
+            batch.task_id.append(task_id)
+            batch.subset.append(self._tasks[task_id].subset)
+            batch.prompt.append(prompt)
+            batch.completion.append(completion)
+            batch.reward.append(sum(self.weights.get(n, 0.0) * v for n, v in components.items()))
+            batch.reward_components.append(components)
+            # Same rule as TRL's completions/clipped_ratio: no EOS at the end means truncated.
+            batch.truncated.append(not ids or ids[-1] not in self.stop_ids)
+            batch.completion_length.append(len(ids))
+        file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
+        if self.events is not None:
+            self.events.write("rollouts", step=step, split="train", file=file, rows=len(batch))

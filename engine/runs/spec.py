@@ -1,0 +1,44 @@
+"""The specification of one run, written by the engine into the run directory before launch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.config import WorkspaceConfig
+from engine.runs.artifacts import SPEC_FILE
+
+RunKind = Literal["warmup", "train", "eval"]
+
+
+class RunSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str
+    version: str
+    kind: RunKind
+    config: WorkspaceConfig
+    #: Policy to start from; None only for the warm-up of the embedded policy (built in code).
+    model_in: Path | None = None
+    #: Where the trained policy (or v0) is saved; None for an eval run.
+    model_out: Path | None = None
+    #: Torch intra-op threads for the worker (None: torch's default).
+    threads: int | None = None
+
+    @property
+    def total_steps(self) -> int:
+        if self.kind == "train":
+            return self.config.recipe.steps
+        if self.kind == "warmup":
+            return self.config.policy.warmup.steps if self.model_in is None else 0
+        return 0
+
+    def save(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / SPEC_FILE).write_text(self.model_dump_json(indent=2), encoding="utf-8")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> RunSpec:
+        return cls.model_validate_json((run_dir / SPEC_FILE).read_text(encoding="utf-8"))

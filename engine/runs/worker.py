@@ -1,0 +1,217 @@
+"""The run worker: ``python -m engine.runs.worker RUN_DIR``.
+
+One child process per run, so a crash or an out-of-memory in training never takes the engine
+down and accelerator memory is freed when it exits. It reads ``spec.json``, trains or warms up
+or evaluates, and reports only through files in RUN_DIR (see `engine.runs.artifacts`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from engine.config import RecipeConfig
+from engine.domains import Domain
+from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
+from engine.runs.spec import RunSpec
+
+
+def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
+    from engine.domains import make_domain
+    from engine.runs.evaluate import evaluate
+
+    cfg = spec.config
+    domain = make_domain(cfg.domain)
+    result = evaluate(
+        model,
+        tokenizer,
+        domain,
+        cfg.recipe.rewards,
+        max_new_tokens=cfg.recipe.max_completion_length,
+        sampled_seeds=cfg.eval.sampled_seeds,
+        temperature=cfg.eval.temperature,
+        run_id=spec.run_id,
+        step=step,
+        seed=cfg.recipe.seed,
+    )
+    for batch in (result.greedy, result.sampled):
+        file = write_rollouts(run_dir, f"val-{batch.decoding}-{step:06d}", batch)
+        events.write("rollouts", step=step, split="val", file=file, rows=len(batch))
+    events.write("metrics", step=step, values=result.metrics)
+    events.write("eval", step=step, **result.metrics)
+
+
+def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
+    """Build v0: the embedded policy with its supervised warm-up, or a local model as it is."""
+    from engine.domains import make_domain
+    from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
+
+    cfg = spec.config
+    domain = make_domain(cfg.domain)
+    if spec.model_in is None:
+        model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain.alphabet, seed=cfg.policy.warmup.seed)
+        events.write("start", total_steps=cfg.policy.warmup.steps, parameters=model.num_parameters())
+        every = max(1, cfg.policy.warmup.steps // 50)
+
+        def on_step(step: int, loss: float) -> None:
+            if step % every == 0 or step == cfg.policy.warmup.steps:
+                events.write("metrics", step=step, values={"warmup/loss": loss})
+
+        stats = warmup_policy(model, tokenizer, domain, cfg.policy.warmup, on_step=on_step)
+        events.write("warmup", steps=stats.steps, final_loss=stats.final_loss, seconds=stats.seconds)
+        final_step = stats.steps
+    else:
+        model, tokenizer = load_policy(spec.model_in)
+        events.write("start", total_steps=0, parameters=model.num_parameters())
+        final_step = 0
+    assert spec.model_out is not None
+    save_policy(model, tokenizer, spec.model_out)
+    _evaluate_and_log(spec, run_dir, events, model, tokenizer, final_step)
+
+
+def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float]) -> Any:
+    """TRL's GRPOConfig for a recipe on this machine (CPU, fp32, one generation per step)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        max_steps=recipe.steps,
+        per_device_train_batch_size=recipe.batch_size,
+        num_generations=recipe.num_generations,
+        learning_rate=recipe.learning_rate,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        loss_type=recipe.loss_type,
+        epsilon=recipe.epsilon,
+        epsilon_high=recipe.epsilon_high,
+        beta=recipe.beta,
+        temperature=recipe.temperature,
+        top_k=0,
+        max_completion_length=recipe.max_completion_length,
+        scale_rewards=recipe.scale_rewards,
+        reward_weights=reward_weights,
+        seed=recipe.seed,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        dataloader_num_workers=0,
+    )
+
+
+def grpo_dataset(domain: Domain) -> Any:
+    """The train split as a TRL prompt dataset; `task_id` reaches the reward functions."""
+    from datasets import Dataset
+
+    tasks = domain.tasks("train")
+    return Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]})
+
+
+def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Any:
+    """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
+    from trl import GRPOTrainer
+
+    from engine.domains import make_domain
+    from engine.policy.tiny import load_policy
+    from engine.runs.recorder import RolloutRecorder
+
+    assert spec.model_in is not None
+    recipe = spec.config.recipe
+    domain = make_domain(spec.config.domain)
+    model, tokenizer = load_policy(spec.model_in)
+    recorder = RolloutRecorder(
+        spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
+    )
+    return GRPOTrainer(
+        model=model,
+        processing_class=tokenizer,
+        reward_funcs=recorder.reward_functions(),
+        args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
+        train_dataset=grpo_dataset(domain),
+        callbacks=[_EventCallback(spec, run_dir, events, tokenizer)],
+    )
+
+
+class _EventCallback(TrainerCallback):
+    """Per-step metrics (TRL's names) into the event log, and evaluation every K steps."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, events: EventLog, tokenizer: Any):
+        self.spec = spec
+        self.run_dir = run_dir
+        self.events = events
+        self.tokenizer = tokenizer
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        self.events.write("start", total_steps=state.max_steps)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+        if not logs:
+            return
+        values = {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}
+        if "train_runtime" in logs:
+            self.events.write("summary", step=state.global_step, values=values)
+        else:
+            self.events.write("metrics", step=state.global_step, values=values)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        every = self.spec.config.recipe.eval_every
+        if every and state.global_step % every == 0 and state.global_step < state.max_steps and model is not None:
+            _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, state.global_step)
+
+
+def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
+    from engine.policy.tiny import save_policy
+
+    assert spec.model_in is not None and spec.model_out is not None
+    trainer = build_grpo_trainer(spec, run_dir, events)
+    trainer.train()
+    save_policy(trainer.model, trainer.processing_class, spec.model_out)
+    events.write("checkpoint", path=str(spec.model_out), step=trainer.state.global_step)
+    _evaluate_and_log(spec, run_dir, events, trainer.model, trainer.processing_class, trainer.state.global_step)
+
+
+def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
+    from engine.policy.tiny import load_policy
+
+    assert spec.model_in is not None
+    model, tokenizer = load_policy(spec.model_in)
+    events.write("start", total_steps=0)
+    _evaluate_and_log(spec, run_dir, events, model, tokenizer, 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m engine.runs.worker RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0])
+    spec = RunSpec.load(run_dir)
+    events = EventLog(run_dir / EVENTS_FILE)
+    try:
+        import torch
+
+        if spec.threads:
+            torch.set_num_threads(spec.threads)
+        {"warmup": run_warmup, "train": run_train, "eval": run_eval}[spec.kind](spec, run_dir, events)
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the engine as an event
+        tail = "".join(traceback.format_exception(exc))[-4000:]
+        events.write("error", message=f"{type(exc).__name__}: {exc}", traceback=tail)
+        traceback.print_exc()
+        events.close()
+        return 1
+    events.write("end", status="succeeded")
+    events.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

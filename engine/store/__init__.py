@@ -1,0 +1,6 @@
+"""DuckDB store: versions, interventions, runs, metrics, rollouts, events."""
+
+from engine.store.schema import SCHEMA_VERSION
+from engine.store.store import RunRecord, Store, StoreLockedError, VersionRecord
+
+__all__ = ["SCHEMA_VERSION", "RunRecord", "Store", "StoreLockedError", "VersionRecord"]

@@ -1,0 +1,272 @@
+"""The DuckDB store of a workspace. Only the engine process opens the file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from engine.store.schema import MIGRATIONS, SCHEMA_VERSION
+
+
+class StoreLockedError(RuntimeError):
+    """Another process holds the workspace's database (DuckDB allows one writer, no other readers)."""
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    name: str
+    parent: str | None
+    branch: str
+    commit_sha: str
+    state: str
+    intervention_id: str | None
+    checkpoint: str | None
+    val_greedy: float | None
+    val_sampled: float | None
+    val_n: int | None
+    verdict: str | None
+    decision_reason: str | None
+    created_at: datetime
+    decided_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    version: str
+    kind: str
+    state: str
+    run_dir: str
+    config: str
+    total_steps: int | None
+    pid: int | None
+    error_tail: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+
+
+_VERSION_COLS = ", ".join(f.name for f in fields(VersionRecord))
+_RUN_COLS = ", ".join(f.name for f in fields(RunRecord))
+
+
+class Store:
+    def __init__(self, path: Path | str):
+        self.path = Path(path) if str(path) != ":memory:" else path
+        if isinstance(self.path, Path):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.con = duckdb.connect(str(path))
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                raise StoreLockedError(
+                    f"{path} is in use by another evotui process (an engine or a run in progress). "
+                    "Wait for it to finish, or talk to it instead of opening the file."
+                ) from None
+            raise
+        self.migrate()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- queries ------------------------------------------------------------------------------
+    # DuckDB 2.0 refuses some calls (e.g. register) while a result is only partly fetched, so
+    # every read goes through these two and is fetched whole.
+    def query(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        return self.con.execute(sql, params).fetchall()
+
+    def query_one(self, sql: str, params: Any = None) -> tuple[Any, ...] | None:
+        rows = self.con.execute(sql, params).fetchall()
+        return rows[0] if rows else None
+
+    # -- schema -------------------------------------------------------------------------------
+    def schema_version(self) -> int:
+        self.con.execute("CREATE TABLE IF NOT EXISTS schema_meta (version INTEGER NOT NULL)")
+        row = self.query_one("SELECT max(version) FROM schema_meta")
+        return int(row[0]) if row and row[0] is not None else 0
+
+    def migrate(self) -> int:
+        """Apply every migration newer than the file's schema version; returns the new version."""
+        current = self.schema_version()
+        if current > SCHEMA_VERSION:
+            raise RuntimeError(
+                f"{self.path} has schema version {current}, newer than this evotui understands "
+                f"({SCHEMA_VERSION}); upgrade evotui"
+            )
+        for number in range(current + 1, SCHEMA_VERSION + 1):
+            with self.transaction():
+                self.con.execute(MIGRATIONS[number - 1])
+                self.con.execute("INSERT INTO schema_meta VALUES (?)", [number])
+        return SCHEMA_VERSION
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.con.execute("BEGIN TRANSACTION")
+        try:
+            yield
+        except BaseException:
+            self.con.execute("ROLLBACK")
+            raise
+        self.con.execute("COMMIT")
+
+    # -- versions -----------------------------------------------------------------------------
+    def add_version(
+        self, name: str, parent: str | None, branch: str, commit_sha: str, state: str = "created"
+    ) -> None:
+        self.con.execute(
+            "INSERT INTO versions (name, parent, branch, commit_sha, state) VALUES (?, ?, ?, ?, ?)",
+            [name, parent, branch, commit_sha, state],
+        )
+
+    def update_version(self, name: str, **values: Any) -> None:
+        allowed = {f.name for f in fields(VersionRecord)} - {"name", "created_at"}
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"versions has no column(s) {sorted(unknown)}")
+        sets = ", ".join(f"{k} = ?" for k in values)
+        self.con.execute(f"UPDATE versions SET {sets} WHERE name = ?", [*values.values(), name])
+
+    def get_version(self, name: str) -> VersionRecord | None:
+        row = self.query_one(f"SELECT {_VERSION_COLS} FROM versions WHERE name = ?", [name])
+        return VersionRecord(*row) if row else None
+
+    def list_versions(self) -> list[VersionRecord]:
+        rows = self.query(f"SELECT {_VERSION_COLS} FROM versions ORDER BY CAST(substr(name, 2) AS INTEGER)")
+        return [VersionRecord(*r) for r in rows]
+
+    def add_intervention(
+        self,
+        id: str,
+        version: str,
+        kind: str,
+        factor: str,
+        change: dict[str, Any],
+        hypothesis: str,
+        success_criterion: str,
+        rollback: str,
+    ) -> None:
+        self.con.execute(
+            "INSERT INTO interventions (id, version, kind, factor, change, hypothesis, success_criterion, rollback)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [id, version, kind, factor, json.dumps(change), hypothesis, success_criterion, rollback],
+        )
+
+    def get_intervention(self, id: str) -> dict[str, Any] | None:
+        cur = self.con.execute("SELECT * FROM interventions WHERE id = ?", [id])
+        rows = cur.fetchall()
+        if not rows:
+            return None
+        out = dict(zip([d[0] for d in cur.description], rows[0], strict=True))
+        out["change"] = json.loads(out["change"])
+        return out
+
+    # -- runs -----------------------------------------------------------------------------------
+    def add_run(self, id: str, version: str, kind: str, run_dir: str, config: dict[str, Any], total_steps: int) -> None:
+        self.con.execute(
+            "INSERT INTO runs (id, version, kind, state, run_dir, config, total_steps)"
+            " VALUES (?, ?, ?, 'queued', ?, ?, ?)",
+            [id, version, kind, run_dir, json.dumps(config), total_steps],
+        )
+
+    def update_run(self, id: str, **values: Any) -> None:
+        allowed = {f.name for f in fields(RunRecord)} - {"id"}
+        unknown = set(values) - allowed
+        if unknown:
+            raise ValueError(f"runs has no column(s) {sorted(unknown)}")
+        sets = ", ".join(f"{k} = ?" for k in values)
+        self.con.execute(f"UPDATE runs SET {sets} WHERE id = ?", [*values.values(), id])
+
+    def get_run(self, id: str) -> RunRecord | None:
+        row = self.query_one(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", [id])
+        return RunRecord(*row) if row else None
+
+    def list_runs(self, version: str | None = None) -> list[RunRecord]:
+        where, params = ("WHERE version = ?", [version]) if version else ("", [])
+        rows = self.query(
+            f"SELECT {_RUN_COLS} FROM runs {where} ORDER BY started_at NULLS LAST, id", params
+        )
+        return [RunRecord(*r) for r in rows]
+
+    # -- metrics, rollouts, events ----------------------------------------------------------------
+    def upsert_metrics(self, run_id: str, rows: Sequence[tuple[int, str, float | None]]) -> int:
+        """Insert (step, key, value) rows for a run in one batch; a repeated key replaces its value."""
+        if not rows:
+            return 0
+        steps, keys, values = zip(*rows, strict=True)
+        batch = pa.table(
+            {
+                "run_id": pa.array([run_id] * len(rows), pa.string()),
+                "step": pa.array(steps, pa.int32()),
+                "key": pa.array(keys, pa.string()),
+                "value": pa.array(values, pa.float64()),
+            }
+        )
+        self.con.register("metrics_batch", batch)
+        try:
+            self.con.execute("INSERT OR REPLACE INTO metrics SELECT run_id, step, key, value FROM metrics_batch")
+        finally:
+            self.con.unregister("metrics_batch")
+        return len(rows)
+
+    def metric_series(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return self.query(
+            "SELECT step, value FROM metrics WHERE run_id = ? AND key = ? ORDER BY step", [run_id, key]
+        )
+
+    def ingest_rollout_file(self, run_id: str, file: Path, relname: str) -> int:
+        """Append one Parquet batch of rollouts; a file ingested before is skipped (idempotent)."""
+        seen = self.query_one(
+            "SELECT 1 FROM ingested_files WHERE run_id = ? AND file = ?", [run_id, relname]
+        )
+        if seen:
+            return 0
+        with self.transaction():
+            before = self.count_rollouts(run_id)
+            self.con.execute(
+                "INSERT OR IGNORE INTO rollouts BY NAME SELECT * REPLACE (CAST(? AS VARCHAR) AS run_id) "
+                "FROM read_parquet(?)",
+                [run_id, str(file)],
+            )
+            added = self.count_rollouts(run_id) - before
+            self.con.execute("INSERT INTO ingested_files VALUES (?, ?, ?)", [run_id, relname, added])
+        return added
+
+    def count_rollouts(self, run_id: str | None = None, split: str | None = None) -> int:
+        conds, params = [], []
+        if run_id is not None:
+            conds.append("run_id = ?")
+            params.append(run_id)
+        if split is not None:
+            conds.append("split = ?")
+            params.append(split)
+        where = f"WHERE {' AND '.join(conds)}" if conds else ""
+        row = self.query_one(f"SELECT count(*) FROM rollouts {where}", params)
+        return int(row[0]) if row else 0
+
+    def add_event(
+        self, kind: str, payload: dict[str, Any] | None = None, run_id: str | None = None, version: str | None = None
+    ) -> None:
+        self.con.execute(
+            "INSERT INTO events (run_id, version, kind, payload) VALUES (?, ?, ?, ?)",
+            [run_id, version, kind, json.dumps(payload) if payload is not None else None],
+        )
+
+    def events_offset(self, run_id: str) -> int:
+        row = self.query_one("SELECT events_offset FROM ingest_state WHERE run_id = ?", [run_id])
+        return int(row[0]) if row else 0
+
+    def set_events_offset(self, run_id: str, offset: int) -> None:
+        self.con.execute("INSERT OR REPLACE INTO ingest_state VALUES (?, ?)", [run_id, offset])

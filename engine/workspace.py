@@ -1,0 +1,95 @@
+"""A workspace: one training project, a directory that is its own git repository.
+
+Layout::
+
+    <ws>/workspace.toml          the configuration (domain, policy, recipe, budget, gates)
+    <ws>/.evotrainer/            engine state, never committed
+        evo.duckdb               the store (opened only by the engine)
+        models/vN/               checkpoints (v0: the warmed-up base policy)
+        runs/<run id>/           run directories (spec, event log, rollouts, worker log)
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import engine
+from engine.config import CONFIG_FILE, WorkspaceConfig, load_config
+from engine.versions import VersionTree
+
+STATE_DIR = ".evotrainer"
+TEMPLATES = ("sample",)
+
+
+class WorkspaceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / STATE_DIR
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "evo.duckdb"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.state_dir / "models"
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.state_dir / "runs"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    def model_dir(self, version: str) -> Path:
+        return self.models_dir / version
+
+    def load_config(self) -> WorkspaceConfig:
+        return load_config(self.root)
+
+    @classmethod
+    def open(cls, root: Path | str) -> Workspace:
+        root = Path(root).expanduser().resolve()
+        if not (root / CONFIG_FILE).is_file():
+            raise WorkspaceError(
+                f"{root} is not a workspace (no {CONFIG_FILE}); create one with `evotui init {root}`"
+            )
+        return cls(root)
+
+
+def template_dir(name: str) -> Path:
+    """A template shipped with evotui: inside an installed wheel, or `sample_workspace/` in a checkout."""
+    if name not in TEMPLATES:
+        raise WorkspaceError(f"unknown template {name!r}; available: {', '.join(TEMPLATES)}")
+    package = Path(engine.__file__).resolve().parent
+    for candidate in (package / "templates" / name, package.parent / f"{name}_workspace"):
+        if (candidate / CONFIG_FILE).is_file():
+            return candidate
+    raise WorkspaceError(f"template {name!r} is missing from this installation ({package})")
+
+
+def init_workspace(dest: Path | str, template: str = "sample") -> Workspace:
+    """Copy a template into `dest` (new or empty) and make it its own git repository."""
+    dest = Path(dest).expanduser().resolve()
+    if dest.exists() and any(dest.iterdir()):
+        raise WorkspaceError(f"{dest} exists and is not empty; choose a new directory")
+    source = template_dir(template)
+    shutil.copytree(source, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(STATE_DIR, "__pycache__"))
+    gitignore = dest / ".gitignore"
+    lines = gitignore.read_text().splitlines() if gitignore.exists() else []
+    if f"{STATE_DIR}/" not in lines:
+        gitignore.write_text("\n".join([*lines, f"{STATE_DIR}/", ""]))
+    workspace = Workspace(dest)
+    workspace.load_config()  # a template that does not validate must not become a workspace
+    VersionTree.init(dest, message=f"Create workspace from template '{template}'")
+    return workspace

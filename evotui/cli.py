@@ -1,0 +1,238 @@
+"""The headless command line: `evotui init | run | status | versions`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.tree import Tree
+
+from engine.config import WorkspaceConfigError
+from engine.core import Engine, RunFailed, RunUpdate
+from engine.store import StoreLockedError, VersionRecord
+from engine.verdict import Verdict
+from engine.versions import VersionTreeError
+from engine.workspace import TEMPLATES, WorkspaceError, init_workspace
+
+app = typer.Typer(
+    name="evotui",
+    help="An autonomous trainer for RL post-training of language-model policies (GRPO on TRL).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+WorkspaceArg = Annotated[Path, typer.Argument(help="The workspace directory.", show_default=False)]
+USER_ERRORS = (WorkspaceConfigError, WorkspaceError, StoreLockedError, VersionTreeError, RunFailed)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[bold red]error:[/] {exc}", highlight=False)
+    raise typer.Exit(1)
+
+
+@app.command()
+def init(
+    directory: Annotated[Path, typer.Argument(help="New (or empty) directory for the workspace.")],
+    template: Annotated[str, typer.Option("--from", help=f"Template: {', '.join(TEMPLATES)}.")] = "sample",
+) -> None:
+    """Create a workspace from a template; it becomes its own git repository."""
+    try:
+        ws = init_workspace(directory, template)
+    except USER_ERRORS as exc:
+        _fail(exc)
+    console.print(f"Created workspace [bold]{ws.root}[/] from template '{template}'.")
+    console.print(f"Next: [bold]evotui run {ws.root} --auto-approve --versions 1[/]")
+
+
+class _RunDisplay:
+    """A progress bar per run, with the live reward (or warm-up loss) beside it."""
+
+    def __init__(self, progress: Progress):
+        self.progress = progress
+        self.tasks: dict[str, int] = {}
+
+    def __call__(self, update: RunUpdate) -> None:
+        if update.run_id not in self.tasks:
+            label = "warm-up v0" if update.kind == "warmup" else f"GRPO {update.version}"
+            self.tasks[update.run_id] = self.progress.add_task(label, total=update.total_steps or None, live="")
+        task = self.tasks[update.run_id]
+        m = update.metrics
+        if "reward" in m:
+            live = f"reward {m['reward']:.3f}  dead groups {m.get('frac_reward_zero_std', float('nan')):.2f}"
+        elif "warmup/loss" in m:
+            live = f"loss {m['warmup/loss']:.3f}"
+        else:
+            live = ""
+        if "eval/greedy_accuracy" in m:
+            live += f"  val {m['eval/greedy_accuracy']:.3f}"
+        if update.state == "failed":
+            live = "[red]failed[/]"
+        total = update.total_steps or None
+        completed = update.total_steps if update.state == "succeeded" and total else update.step
+        self.progress.update(task, total=total, completed=completed, live=live)
+
+
+def _gate_prompt(auto_approve: bool):  # type: ignore[no-untyped-def]
+    def approve(question: str) -> bool:
+        if auto_approve:
+            console.print(f"[dim]gate: {question} -> approved (--auto-approve)[/]")
+            return True
+        if not sys.stdin.isatty():
+            raise typer.BadParameter(
+                f"a gate needs an answer ({question}) but there is no terminal; pass --auto-approve "
+                "or switch the gate off in workspace.toml [gates]"
+            )
+        return typer.confirm(question, default=False)
+
+    return approve
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "—" if value is None else f"{value:.{digits}f}"
+
+
+def _comparison_table(engine: Engine, names: list[str]) -> Table:
+    table = Table(title="Versions on the held-out split", title_justify="left")
+    for col in ("version", "parent", "state", "verdict", "val greedy", "val sampled"):
+        table.add_column(col, justify="right" if col.startswith("val") else "left")
+    for col in ("reward first→last", "dead groups first→last"):
+        table.add_column(col, justify="right")
+    for name in names:
+        v = engine.store.get_version(name)
+        if v is None:
+            continue
+        run = engine.train_run(name)
+        curves = engine.train_curve_summary(run.id) if run else {}
+        reward = curves.get("reward", (None, None))
+        dead = curves.get("frac_reward_zero_std", (None, None))
+        table.add_row(
+            v.name,
+            v.parent or "—",
+            v.state,
+            v.verdict or "—",
+            _fmt(v.val_greedy),
+            _fmt(v.val_sampled),
+            f"{_fmt(reward[0])} → {_fmt(reward[1])}" if run else "—",
+            f"{_fmt(dead[0], 2)} → {_fmt(dead[1], 2)}" if run else "—",
+        )
+    table.caption = "first/last: mean over the first and the last 10 GRPO steps"
+    return table
+
+
+@app.command()
+def run(
+    workspace: WorkspaceArg,
+    versions: Annotated[int, typer.Option(min=1, help="How many versions to train.")] = 1,
+    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Answer every gate with approve.")] = False,
+) -> None:
+    """Build v0 if needed, train VERSIONS versions with GRPO, judge them, and compare."""
+    try:
+        with Engine.open(workspace) as engine:
+            console.print(f"Workspace [bold]{engine.workspace.root}[/] ({engine.config.workspace.name})")
+            progress = Progress(
+                TextColumn("{task.description:<12}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[live]}"),
+                console=console,
+            )
+
+            def on_verdict(version: str, verdict: Verdict) -> None:
+                progress.console.print(f"{version}: {verdict.summary()}")
+
+            start = {v.name for v in engine.store.list_versions()}
+            with progress:
+                trained = engine.run_versions(
+                    versions, _gate_prompt(auto_approve), _RunDisplay(progress), on_verdict=on_verdict
+                )
+            shown = ["v0", *trained] if "v0" not in start or trained else ["v0"]
+            console.print(_comparison_table(engine, shown))
+    except USER_ERRORS as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/]: the run was stopped and marked failed; nothing else was lost")
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def status(workspace: WorkspaceArg) -> None:
+    """The workspace at a glance: versions, the best one, recent runs."""
+    try:
+        with Engine.open(workspace) as engine:
+            cfg = engine.config
+            best = engine.best_version()
+            console.print(f"[bold]{cfg.workspace.name}[/]  {engine.workspace.root}")
+            policy = str(cfg.policy.path) if cfg.policy.kind == "local" else "embedded tiny Llama"
+            console.print(f"domain {cfg.domain.name} · policy {policy} · loss {cfg.recipe.loss_type}")
+            all_versions = engine.store.list_versions()
+            console.print(
+                f"{len(all_versions)} version(s); best: "
+                + (f"{best.name} (val greedy {_fmt(best.val_greedy)})" if best else "none yet")
+            )
+            runs = engine.store.list_runs()[-5:]
+            if runs:
+                table = Table(title="Recent runs", title_justify="left")
+                for col in ("run", "version", "kind", "state", "steps", "ended"):
+                    table.add_column(col)
+                for r in runs:
+                    table.add_row(
+                        r.id, r.version, r.kind, r.state, str(r.total_steps or "—"),
+                        r.ended_at.strftime("%Y-%m-%d %H:%M") if r.ended_at else "—",
+                    )
+                console.print(table)
+                failed = [r for r in runs if r.state == "failed"]
+                if failed:
+                    last = failed[-1].error_tail or ""
+                    console.print(f"[red]last failure ({failed[-1].id}):[/] {last.strip().splitlines()[-1] if last else ''}")
+    except USER_ERRORS as exc:
+        _fail(exc)
+
+
+def _version_label(v: VersionRecord) -> str:
+    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(v.state, "white")
+    scores = f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}" if v.val_greedy is not None else "no score"
+    verdict = f" · {v.verdict}" if v.verdict else ""
+    return f"[bold]{v.name}[/] [{color}]{v.state}[/] · {scores}{verdict}"
+
+
+@app.command("versions")
+def versions_cmd(workspace: WorkspaceArg) -> None:
+    """The version tree, with scores, states and each version's change."""
+    try:
+        with Engine.open(workspace) as engine:
+            records = engine.store.list_versions()
+            if not records:
+                console.print("No versions yet: `evotui run WS` builds v0.")
+                return
+            children: dict[str | None, list[VersionRecord]] = {}
+            for v in records:
+                children.setdefault(v.parent, []).append(v)
+
+            def add(node: Tree, v: VersionRecord) -> None:
+                label = _version_label(v)
+                if v.intervention_id and (iv := engine.store.get_intervention(v.intervention_id)):
+                    change = ", ".join(f"{k}: {c['from']} → {c['to']}" for k, c in iv["change"].items())
+                    label += f"\n[dim]Δ {change or 'GRPO with the parent recipe'}[/]"
+                child = node.add(label)
+                for c in children.get(v.name, []):
+                    add(child, c)
+
+            root = Tree(f"[bold]{engine.config.workspace.name}[/]", guide_style="dim")
+            for v in children.get(None, []):
+                add(root, v)
+            console.print(root)
+    except USER_ERRORS as exc:
+        _fail(exc)
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from engine.versions import ACTOR
+from engine.workspace import Workspace, init_workspace, template_dir
+
+
+def tiny_toml(text: str, **overrides: int | float) -> str:
+    """The sample workspace.toml shrunk so a whole version trains in seconds."""
+    values: dict[str, int | float] = {
+        "train_size": 200,
+        "val_size": 24,
+        "hidden_size": 32,
+        "num_layers": 2,
+        "num_heads": 2,
+        "intermediate_size": 64,
+        "warmup_steps": 20,
+        "batch_size": 32,
+        "grpo_steps": 3,
+        "sampled_seeds": 1,
+    }
+    values.update(overrides)
+    replacements = {
+        r"^train_size = \d+": f"train_size = {values['train_size']}",
+        r"^val_size = \d+": f"val_size = {values['val_size']}",
+        r"^hidden_size = \d+": f"hidden_size = {values['hidden_size']}",
+        r"^num_layers = \d+": f"num_layers = {values['num_layers']}",
+        r"^num_heads = \d+": f"num_heads = {values['num_heads']}",
+        r"^intermediate_size = \d+": f"intermediate_size = {values['intermediate_size']}",
+        r"^batch_size = \d+": f"batch_size = {values['batch_size']}",
+        r"^sampled_seeds = \d+": f"sampled_seeds = {values['sampled_seeds']}",
+    }
+    for pattern, new in replacements.items():
+        text, n = re.subn(pattern, new, text, count=1, flags=re.M)
+        assert n == 1, pattern
+    # Two `steps =` keys: the warm-up's comes first, the recipe's second.
+    steps = iter([values["warmup_steps"], values["grpo_steps"]])
+    text = re.sub(r"^steps = \d+", lambda _: f"steps = {next(steps)}", text, flags=re.M)
+    return text
+
+
+@pytest.fixture
+def sample_toml() -> str:
+    return (template_dir("sample") / "workspace.toml").read_text()
+
+
+@pytest.fixture
+def tiny_workspace(tmp_path: Path, sample_toml: str) -> Workspace:
+    """A workspace from the sample template with the tiny settings committed (so v0 uses them)."""
+    ws = init_workspace(tmp_path / "ws")
+    ws.config_path.write_text(tiny_toml(sample_toml))
+    import git
+
+    repo = git.Repo(ws.root)
+    repo.index.add(["workspace.toml"])
+    repo.index.commit("tiny settings for tests", author=ACTOR, committer=ACTOR)
+    return ws
