@@ -32,9 +32,9 @@ class MathDomainConfig(_Section):
     seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
     train_size: int = Field(4000, ge=1)
     val_size: int = Field(200, ge=1)
-    min_operands: int = Field(2, ge=2, le=6)
-    max_operands: int = Field(3, ge=2, le=6)
-    max_operand: int = Field(50, ge=1, le=999, description="Operands are drawn from 0..max_operand.")
+    min_operands: int = Field(3, ge=2, le=6)
+    max_operands: int = Field(4, ge=2, le=6)
+    max_operand: int = Field(9, ge=1, le=999, description="Operands are drawn from 0..max_operand.")
     demo_shortcut_rate: float = Field(
         0.5, ge=0, le=1, description="Share of warm-up demonstrations that state the answer without the chain."
     )
@@ -74,7 +74,7 @@ class WarmupConfig(_Section):
 
     steps: int = Field(300, ge=1)
     batch_size: int = Field(128, ge=1)
-    learning_rate: float = Field(2e-3, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
     seed: int = 0
 
 
@@ -102,8 +102,8 @@ class RecipeConfig(_Section):
     epsilon_high: float | None = Field(0.28, gt=0, le=1)
     beta: float = Field(0.0, ge=0, description="KL coefficient; 0 disables the reference model.")
     num_generations: int = Field(8, ge=2, description="Samples per prompt: the GRPO group size.")
-    prompts_per_step: int = Field(4, ge=1)
-    learning_rate: float = Field(1e-4, gt=0, le=1e-2)
+    prompts_per_step: int = Field(8, ge=1)
+    learning_rate: float = Field(2e-5, gt=0, le=1e-2)
     temperature: float = Field(1.0, gt=0)
     max_completion_length: int = Field(48, ge=1)
     steps: int = Field(100, ge=1)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -100,11 +101,11 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _comparison_table(engine: Engine, names: list[str]) -> Table:
-    table = Table(title="Versions on the held-out split", title_justify="left")
-    for col in ("version", "parent", "state", "verdict", "val greedy", "val sampled"):
-        table.add_column(col, justify="right" if col.startswith("val") else "left")
-    for col in ("reward first→last", "dead groups first→last"):
-        table.add_column(col, justify="right")
+    table = Table(title="Versions on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
+    for col in ("version", "parent", "state", "verdict"):
+        table.add_column(col)
+    for col in ("val greedy", "val sampled", "reward", "dead groups"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name in names:
         v = engine.store.get_version(name)
         if v is None:
@@ -120,10 +121,10 @@ def _comparison_table(engine: Engine, names: list[str]) -> Table:
             v.verdict or "—",
             _fmt(v.val_greedy),
             _fmt(v.val_sampled),
-            f"{_fmt(reward[0])} → {_fmt(reward[1])}" if run else "—",
-            f"{_fmt(dead[0], 2)} → {_fmt(dead[1], 2)}" if run else "—",
+            f"{_fmt(reward[0])}→{_fmt(reward[1])}" if run else "—",
+            f"{_fmt(dead[0], 2)}→{_fmt(dead[1], 2)}" if run else "—",
         )
-    table.caption = "first/last: mean over the first and the last 10 GRPO steps"
+    table.caption = "reward, dead groups (frac_reward_zero_std): mean of the first → last 10 GRPO steps"
     return table
 
 

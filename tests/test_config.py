@@ -51,7 +51,7 @@ def test_unknown_reward_component_lists_the_domain_components(sample_toml: str) 
 
 def test_several_errors_are_all_reported(sample_toml: str) -> None:
     text = sample_toml.replace("num_generations = 8", "num_generations = 1").replace(
-        "learning_rate = 1e-4", 'learning_rate = "fast"'
+        "learning_rate = 2e-5", 'learning_rate = "fast"'
     )
     problems = _errors(text)
     assert len(problems) == 2

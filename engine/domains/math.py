@@ -74,10 +74,13 @@ class MathDomain:
         return self._splits[split]
 
     def demonstration(self, task: Task, rng: random.Random | None = None) -> str:
-        """A correct completion. With probability `demo_shortcut_rate` it skips the chain and
-        states the answer at once: warm-up data of mixed quality, as real SFT data is. The tiny
-        policy gets shortcut answers mostly wrong, so v0 mixes two habits and RL has a real
-        choice to make (write the chain out)."""
+        """A correct completion for the warm-up. Without `rng`, always the full chain.
+
+        With `rng`, a share (`demo_shortcut_rate`) states the answer at once without the chain:
+        warm-up data of mixed style, as real SFT data has. v0 learns both habits, and the
+        shortcut is the less reliable one (about 0.4 vs 0.5 sampled accuracy on the sample
+        workspace), so RL has a choice to make.
+        """
         if rng is not None and rng.random() < self.config.demo_shortcut_rate:
             return f"A:{task.answer}"
         expr = task.prompt.removeprefix("Q:").strip()

@@ -1,0 +1,52 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.config import EmbeddedPolicyConfig, MathDomainConfig, WarmupConfig
+from engine.domains import make_domain
+from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
+from engine.runs.evaluate import generate
+
+SMALL = EmbeddedPolicyConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+def test_tokenizer_round_trips_every_symbol_one_token_each() -> None:
+    domain = make_domain(MathDomainConfig(train_size=10, val_size=5))
+    _, tokenizer = build_tiny_policy(SMALL, domain.alphabet)
+    text = "Q:12+7-5\n12+7=19;19-5=14;A:14"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids) == text
+    assert tokenizer.padding_side == "left"
+    assert len({tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}) == 3
+
+
+def test_default_size_is_the_measured_tiny_policy() -> None:
+    model, _ = build_tiny_policy(EmbeddedPolicyConfig(), "0123456789+-=;:AQ\n")
+    assert 0.5e6 < model.num_parameters() < 1.0e6
+    assert model.config.tie_word_embeddings
+
+
+def test_save_and_load_give_the_same_model(tmp_path: Path) -> None:
+    model, tokenizer = build_tiny_policy(SMALL, "0123456789+-=;:AQ\n", seed=3)
+    save_policy(model, tokenizer, tmp_path / "m")
+    loaded, loaded_tok = load_policy(tmp_path / "m")
+    ids = torch.tensor([tokenizer("Q:1+2\n", add_special_tokens=False)["input_ids"]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded_tok.get_vocab() == tokenizer.get_vocab() and loaded_tok.padding_side == "left"
+
+
+def test_warmup_lowers_the_loss_and_generation_reports_truncation() -> None:
+    domain = make_domain(MathDomainConfig(train_size=100, val_size=10))
+    model, tokenizer = build_tiny_policy(SMALL, domain.alphabet)
+    losses: list[float] = []
+    warmup_policy(model, tokenizer, domain, WarmupConfig(steps=30, batch_size=16), on_step=lambda s, v: losses.append(v))
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
+    prompts = [t.prompt for t in domain.tasks("val")]
+    outputs = generate(model, tokenizer, prompts, max_new_tokens=2, do_sample=False)
+    # Two tokens cannot hold a finished answer chain plus EOS unless EOS comes first.
+    for text, truncated, length in outputs:
+        assert length <= 2 and (truncated or length == len(text) + 1)

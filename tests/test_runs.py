@@ -1,0 +1,70 @@
+"""Run workers that fail: the run is marked failed with its error, and the engine carries on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.core import Engine, RunFailed
+from engine.runs.artifacts import EVENTS_FILE
+from engine.runs.runner import LocalRunner
+from engine.workspace import Workspace
+
+
+class KillingRunner(LocalRunner):
+    """Starts the worker and kills it at once, as the OOM killer would."""
+
+    def start(self, run_dir: Path) -> subprocess.Popen[bytes]:
+        proc = super().start(run_dir)
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc
+
+
+def test_a_killed_worker_marks_the_run_failed(tiny_workspace: Workspace) -> None:
+    with Engine(tiny_workspace, runner=KillingRunner(), poll_seconds=0.05) as engine:
+        with pytest.raises(RunFailed) as info:
+            engine.ensure_base()
+        run = info.value.run
+        assert run.state == "failed" and "worker exited with code -9" in (run.error_tail or "")
+        assert engine.store.get_run(run.id).state == "failed"  # type: ignore[union-attr]
+        v0 = engine.store.get_version("v0")
+        assert v0 is not None and v0.state != "promoted" and v0.checkpoint is None
+
+
+@pytest.mark.slow
+def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_workspace: Workspace) -> None:
+    with Engine(tiny_workspace, poll_seconds=0.1) as engine:
+        engine.ensure_base()
+        config = engine.version_config("v0")
+        missing = tiny_workspace.root / "no-such-model"
+        with pytest.raises(RunFailed) as info:
+            engine.execute("v0", "eval", config, model_in=missing, model_out=None)
+        tail = info.value.run.error_tail or ""
+        assert "no-such-model" in tail and "Traceback" in tail
+        # Same engine, next run: works.
+        ok = engine.execute("v0", "eval", config, model_in=tiny_workspace.root / ".evotrainer/models/v0", model_out=None)
+        assert ok.state == "succeeded"
+        states = [(r.kind, r.state) for r in engine.store.list_runs("v0")]
+        assert states == [("warmup", "succeeded"), ("eval", "failed"), ("eval", "succeeded")]
+
+
+def test_runs_left_running_by_a_dead_engine_are_settled_on_open(tiny_workspace: Workspace) -> None:
+    run_dir = tiny_workspace.runs_dir / "v0-warmup-1"
+    run_dir.mkdir(parents=True)
+    (run_dir / EVENTS_FILE).write_text(json.dumps({"type": "metrics", "step": 5, "values": {"warmup/loss": 1.5}}) + "\n")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with Engine(tiny_workspace) as engine:
+        engine.store.add_version("v0", None, "versions/v0", "x", state="created")
+        engine.store.add_run("v0-warmup-1", "v0", "warmup", str(run_dir), {}, 20)
+        engine.store.update_run("v0-warmup-1", state="running", pid=dead.pid)
+    with Engine(tiny_workspace) as engine:  # a new engine finds the orphan
+        run = engine.store.get_run("v0-warmup-1")
+        assert run is not None and run.state == "failed"
+        assert engine.store.metric_series("v0-warmup-1", "warmup/loss") == [(5, 1.5)]
