@@ -419,14 +419,15 @@ class Engine:
 
     # -- reporting --------------------------------------------------------------------------------
     def train_curve_summary(self, run_id: str, window: int = 10) -> dict[str, tuple[float | None, float | None]]:
-        """Mean of `reward` and `frac_reward_zero_std` over the first and last `window` steps."""
+        """Mean of reward, dead-group ratio and truncation over the first and last `window` steps."""
         rows = self.store.query(
             """
             WITH m AS (
                 SELECT key, step, value,
                        row_number() OVER (PARTITION BY key ORDER BY step) AS first_rank,
                        row_number() OVER (PARTITION BY key ORDER BY step DESC) AS last_rank
-                FROM metrics WHERE run_id = ? AND key IN ('reward', 'frac_reward_zero_std')
+                FROM metrics
+                WHERE run_id = ? AND key IN ('reward', 'frac_reward_zero_std', 'completions/clipped_ratio')
             )
             SELECT key, avg(value) FILTER (WHERE first_rank <= ?), avg(value) FILTER (WHERE last_rank <= ?)
             FROM m GROUP BY key

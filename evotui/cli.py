@@ -100,32 +100,44 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _comparison_table(engine: Engine, names: list[str]) -> Table:
-    table = Table(title="Versions on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
+def _versions_table(engine: Engine, names: list[str]) -> Table:
+    table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("version", "parent", "state", "verdict"):
-        table.add_column(col)
-    for col in ("val greedy", "val sampled", "reward", "dead groups"):
+        table.add_column(col, no_wrap=True)
+    for col in ("greedy", "sampled"):
         table.add_column(col, justify="right", no_wrap=True)
     for name in names:
-        v = engine.store.get_version(name)
-        if v is None:
-            continue
-        run = engine.train_run(name)
-        curves = engine.train_curve_summary(run.id) if run else {}
-        reward = curves.get("reward", (None, None))
-        dead = curves.get("frac_reward_zero_std", (None, None))
-        table.add_row(
-            v.name,
-            v.parent or "—",
-            v.state,
-            v.verdict or "—",
-            _fmt(v.val_greedy),
-            _fmt(v.val_sampled),
-            f"{_fmt(reward[0])}→{_fmt(reward[1])}" if run else "—",
-            f"{_fmt(dead[0], 2)}→{_fmt(dead[1], 2)}" if run else "—",
-        )
-    table.caption = "reward, dead groups (frac_reward_zero_std): mean of the first → last 10 GRPO steps"
+        if (v := engine.store.get_version(name)) is not None:
+            table.add_row(
+                v.name, v.parent or "—", v.state, v.verdict or "—", _fmt(v.val_greedy), _fmt(v.val_sampled)
+            )
     return table
+
+
+def _training_table(engine: Engine, names: list[str]) -> Table | None:
+    table = Table(title="GRPO runs", title_justify="left", box=box.SIMPLE_HEAD)
+    table.add_column("run", no_wrap=True)
+    for col in ("steps", "reward", "dead groups", "truncated"):
+        table.add_column(col, justify="right", no_wrap=True)
+    window = 10
+    for name in names:
+        if (run := engine.train_run(name)) is None:
+            continue
+        curves = engine.train_curve_summary(run.id, window)
+
+        def first_last(key: str, digits: int) -> str:
+            first, last = curves.get(key, (None, None))
+            return f"{_fmt(first, digits)} → {_fmt(last, digits)}"
+
+        table.add_row(
+            run.id,
+            str(run.total_steps),
+            first_last("reward", 3),
+            first_last("frac_reward_zero_std", 2),
+            first_last("completions/clipped_ratio", 2),
+        )
+    table.caption = f"first → last: mean over the first and the last {window} steps"
+    return table if table.row_count else None
 
 
 @app.command()
@@ -156,7 +168,9 @@ def run(
                     versions, _gate_prompt(auto_approve), _RunDisplay(progress), on_verdict=on_verdict
                 )
             shown = ["v0", *trained] if "v0" not in start or trained else ["v0"]
-            console.print(_comparison_table(engine, shown))
+            console.print(_versions_table(engine, shown))
+            if (training := _training_table(engine, shown)) is not None:
+                console.print(training)
     except USER_ERRORS as exc:
         _fail(exc)
     except KeyboardInterrupt:

@@ -20,7 +20,7 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
     runner = CliRunner()
     result = runner.invoke(app, ["run", str(tiny_workspace.root), "--auto-approve", "--versions", "1"])
     assert result.exit_code == 0, result.output
-    assert "Versions on the held-out split" in result.output
+    assert "Versions: correctness on the held-out split" in result.output and "GRPO runs" in result.output
 
     with Engine.open(tiny_workspace.root) as engine:
         store = engine.store
