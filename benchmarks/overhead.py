@@ -64,13 +64,23 @@ def bare(run_dir: Path) -> None:
     save_policy(trainer.model, tokenizer, spec.model_out)
     with torch.no_grad():
         evaluate(
-            trainer.model, tokenizer, domain, cfg.recipe.rewards, cfg.recipe.max_completion_length,
-            cfg.eval.sampled_seeds, cfg.eval.temperature, spec.run_id, trainer.state.global_step, cfg.recipe.seed,
+            trainer.model,
+            tokenizer,
+            domain,
+            cfg.recipe.rewards,
+            cfg.recipe.max_completion_length,
+            cfg.eval.sampled_seeds,
+            cfg.eval.temperature,
+            spec.run_id,
+            trainer.state.global_step,
+            cfg.recipe.seed,
         )
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the pair (a, b)")
     parser.add_argument("--warmup-steps", type=int, default=100, help="warm-up steps of the shared v0")
@@ -88,7 +98,9 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="evotui-overhead-"))
     workspace = init_workspace(root / "ws")
     text = workspace.config_path.read_text()
-    text = text.replace("steps = 300", f"steps = {args.warmup_steps}").replace("steps = 150", f"steps = {args.steps}")
+    text = text.replace("steps = 300", f"steps = {args.warmup_steps}").replace(
+        "steps = 150", f"steps = {args.steps}"
+    )
     workspace.config_path.write_text(text)
     import git
 
@@ -108,20 +120,28 @@ def main() -> int:
                 if arm == "a":
                     run_dir = root / f"bare-{rep}"
                     RunSpec(
-                        run_id=f"bare-{rep}", version="v0", kind="train", config=config,
-                        model_in=model_in, model_out=run_dir / "model",
+                        run_id=f"bare-{rep}",
+                        version="v0",
+                        kind="train",
+                        config=config,
+                        model_in=model_in,
+                        model_out=run_dir / "model",
                     ).save(run_dir)
                     start = time.perf_counter()
                     subprocess.run(
                         [sys.executable, __file__, "--bare", str(run_dir)],
-                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        check=True,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
                     )
                     timings["a: bare TRL"].append(time.perf_counter() - start)
                 else:
                     start = time.perf_counter()
                     engine.execute("v0", "train", config, model_in, workspace.model_dir(f"bench-{rep}"))
                     timings["b: engine worker + ingest"].append(time.perf_counter() - start)
-                console.print(f"rep {rep + 1}/{args.reps} arm {arm}: {list(timings.values())[arm == 'b'][-1]:.1f} s")
+                console.print(
+                    f"rep {rep + 1}/{args.reps} arm {arm}: {list(timings.values())[arm == 'b'][-1]:.1f} s"
+                )
         rows = engine.store.count_rollouts()
 
     table = Table(title=f"GRPO {args.steps} steps x {config.recipe.batch_size} completions, {args.reps} reps")

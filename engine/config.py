@@ -36,7 +36,10 @@ class MathDomainConfig(_Section):
     max_operands: int = Field(4, ge=2, le=6)
     max_operand: int = Field(9, ge=1, le=999, description="Operands are drawn from 0..max_operand.")
     demo_shortcut_rate: float = Field(
-        0.5, ge=0, le=1, description="Share of warm-up demonstrations that state the answer without the chain."
+        0.5,
+        ge=0,
+        le=1,
+        description="Share of warm-up demonstrations that state the answer without the chain.",
     )
 
     @model_validator(mode="after")
@@ -90,7 +93,9 @@ class PolicyConfig(_Section):
             if self.path is None:
                 raise ValueError("kind = 'local' needs path = '<a Hugging Face causal-LM directory>'")
             if not (Path(self.path) / "config.json").is_file():
-                raise ValueError(f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)")
+                raise ValueError(
+                    f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)"
+                )
         return self
 
 
@@ -220,7 +225,11 @@ def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
     elif msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     got = err.get("input")
-    suffix = f" (got {got!r})" if err["type"] not in ("missing", "model_type") and not isinstance(got, dict) else ""
+    suffix = (
+        f" (got {got!r})"
+        if err["type"] not in ("missing", "model_type") and not isinstance(got, dict)
+        else ""
+    )
     return f"{where}: field '{field}': {msg}{suffix}"
 
 

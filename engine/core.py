@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,11 +90,13 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict[str, Any]]:
     a = _flatten(old.model_dump(mode="json"))
     b = _flatten(new.model_dump(mode="json"))
-    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+    return {
+        k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)
+    }
 
 
 class Engine:
-    def __init__(self, workspace: Workspace, runner: Runner | None = None, poll_seconds: float = 0.5):
+    def __init__(self, workspace: Workspace, runner: Runner | None = None, poll_seconds: float = 1.0):
         self.workspace = workspace
         self.config = workspace.load_config()
         self.tree = VersionTree(workspace.root)
@@ -190,7 +192,9 @@ class Engine:
             factor=factor,
             change=change,
             hypothesis=hypothesis,
-            success_criterion="val correctness (greedy or sampled) rises with its 95% paired-bootstrap interval above 0",
+            success_criterion=(
+                "val correctness (greedy or sampled) rises with its 95% paired-bootstrap interval above 0"
+            ),
             rollback=f"keep {parent}; the branch stays as negative evidence",
         )
 
@@ -211,7 +215,9 @@ class Engine:
                 plan.rollback,
             )
             self.store.update_version(plan.name, intervention_id=intervention_id)
-            self.store.add_event("version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name)
+            self.store.add_event(
+                "version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name
+            )
         record = self.store.get_version(plan.name)
         assert record is not None
         return record
@@ -248,7 +254,9 @@ class Engine:
             raise ValueError(f"{record.parent} or {version} has no evaluation yet")
         verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id)
         self.store.update_version(version, verdict=verdict.label)
-        self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
+        self.store.add_event(
+            "verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version
+        )
         return verdict
 
     def decide(self, version: str, decision: str, reason: str) -> None:
@@ -343,24 +351,31 @@ class Engine:
             run_id=run_id, version=version, kind=kind, config=config, model_in=model_in, model_out=model_out
         )
         spec.save(run_dir)
-        self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
+        self.store.add_run(
+            run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps
+        )
         handle = self.runner.start(run_dir)
         self.store.update_run(run_id, state="running", pid=handle.pid, started_at=_now())
         self.store.add_event("run_started", {"kind": kind, "pid": handle.pid}, run_id=run_id, version=version)
         update = RunUpdate(run_id, version, kind, "running", total_steps=spec.total_steps)
         try:
             while True:
-                returncode = handle.poll()
+                # Waiting on the process (not sleeping) notices its exit at once.
+                try:
+                    returncode: int | None = handle.wait(timeout=self.poll_seconds)
+                except subprocess.TimeoutExpired:
+                    returncode = None
                 self._follow(run_id, run_dir, update, progress)
                 if returncode is not None:
                     break
-                time.sleep(self.poll_seconds)
         except BaseException:
             # Interrupted (Ctrl-C) or the engine itself failed: the worker must not outlive the run.
             _kill_group(handle.pid)
             handle.wait()
             self._follow(run_id, run_dir, update, progress)
-            self._finish_run(run_id, returncode=None, reason="interrupted: the engine stopped following this run")
+            self._finish_run(
+                run_id, returncode=None, reason="interrupted: the engine stopped following this run"
+            )
             raise
         run = self._finish_run(run_id, returncode)
         update.state = run.state
@@ -407,18 +422,25 @@ class Engine:
                 log_tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
                 code = f"worker exited with code {returncode}" if returncode is not None else ""
                 tail = "\n".join(x for x in (tail, code, log_tail) if x)
-            self.store.update_run(run_id, state="failed", ended_at=_now(), error_tail=tail or "unknown failure")
+            self.store.update_run(
+                run_id, state="failed", ended_at=_now(), error_tail=tail or "unknown failure"
+            )
             if run.version and (v := self.store.get_version(run.version)) and v.state == "training":
                 self.store.update_version(run.version, state="failed")
         self.store.add_event(
-            "run_finished", {"state": "succeeded" if succeeded else "failed"}, run_id=run_id, version=run.version
+            "run_finished",
+            {"state": "succeeded" if succeeded else "failed"},
+            run_id=run_id,
+            version=run.version,
         )
         final = self.store.get_run(run_id)
         assert final is not None
         return final
 
     # -- reporting --------------------------------------------------------------------------------
-    def train_curve_summary(self, run_id: str, window: int = 10) -> dict[str, tuple[float | None, float | None]]:
+    def train_curve_summary(
+        self, run_id: str, window: int = 10
+    ) -> dict[str, tuple[float | None, float | None]]:
         """Mean of reward, dead-group ratio and truncation over the first and last `window` steps."""
         rows = self.store.query(
             """
@@ -441,12 +463,19 @@ class Engine:
         return runs[-1] if runs else None
 
 
-def _version_toml(name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str) -> str:
+def _version_toml(
+    name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str
+) -> str:
     import tomli_w
 
     doc = {
         "version": {"name": name, "parent": parent},
-        "intervention": {"kind": kind, "factor": factor, "hypothesis": hypothesis, "change": json.dumps(change)},
+        "intervention": {
+            "kind": kind,
+            "factor": factor,
+            "hypothesis": hypothesis,
+            "change": json.dumps(change),
+        },
     }
     return tomli_w.dumps(doc)
 

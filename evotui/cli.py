@@ -63,7 +63,9 @@ class _RunDisplay:
     def __call__(self, update: RunUpdate) -> None:
         if update.run_id not in self.tasks:
             label = "warm-up v0" if update.kind == "warmup" else f"GRPO {update.version}"
-            self.tasks[update.run_id] = self.progress.add_task(label, total=update.total_steps or None, live="")
+            self.tasks[update.run_id] = self.progress.add_task(
+                label, total=update.total_steps or None, live=""
+            )
         task = self.tasks[update.run_id]
         m = update.metrics
         if "reward" in m:
@@ -86,11 +88,6 @@ def _gate_prompt(auto_approve: bool):  # type: ignore[no-untyped-def]
         if auto_approve:
             console.print(f"[dim]gate: {question} -> approved (--auto-approve)[/]")
             return True
-        if not sys.stdin.isatty():
-            raise typer.BadParameter(
-                f"a gate needs an answer ({question}) but there is no terminal; pass --auto-approve "
-                "or switch the gate off in workspace.toml [gates]"
-            )
         return typer.confirm(question, default=False)
 
     return approve
@@ -101,7 +98,9 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _versions_table(engine: Engine, names: list[str]) -> Table:
-    table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(
+        title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD
+    )
     for col in ("version", "parent", "state", "verdict"):
         table.add_column(col, no_wrap=True)
     for col in ("greedy", "sampled"):
@@ -124,18 +123,11 @@ def _training_table(engine: Engine, names: list[str]) -> Table | None:
         if (run := engine.train_run(name)) is None:
             continue
         curves = engine.train_curve_summary(run.id, window)
-
-        def first_last(key: str, digits: int) -> str:
+        cells = []
+        for key, digits in (("reward", 3), ("frac_reward_zero_std", 2), ("completions/clipped_ratio", 2)):
             first, last = curves.get(key, (None, None))
-            return f"{_fmt(first, digits)} → {_fmt(last, digits)}"
-
-        table.add_row(
-            run.id,
-            str(run.total_steps),
-            first_last("reward", 3),
-            first_last("frac_reward_zero_std", 2),
-            first_last("completions/clipped_ratio", 2),
-        )
+            cells.append(f"{_fmt(first, digits)} → {_fmt(last, digits)}")
+        table.add_row(run.id, str(run.total_steps), *cells)
     table.caption = f"first → last: mean over the first and the last {window} steps"
     return table if table.row_count else None
 
@@ -144,11 +136,21 @@ def _training_table(engine: Engine, names: list[str]) -> Table | None:
 def run(
     workspace: WorkspaceArg,
     versions: Annotated[int, typer.Option(min=1, help="How many versions to train.")] = 1,
-    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Answer every gate with approve.")] = False,
+    auto_approve: Annotated[
+        bool, typer.Option("--auto-approve", help="Answer every gate with approve.")
+    ] = False,
 ) -> None:
     """Build v0 if needed, train VERSIONS versions with GRPO, judge them, and compare."""
     try:
         with Engine.open(workspace) as engine:
+            gates = engine.config.gates
+            if (gates.after_design or gates.after_completion) and not auto_approve and not sys.stdin.isatty():
+                _fail(
+                    WorkspaceError(
+                        "gates are on in workspace.toml [gates] but there is no terminal to answer them; "
+                        "pass --auto-approve, or switch the gates off"
+                    )
+                )
             console.print(f"Workspace [bold]{engine.workspace.root}[/] ({engine.config.workspace.name})")
             progress = Progress(
                 TextColumn("{task.description:<12}"),
@@ -200,21 +202,34 @@ def status(workspace: WorkspaceArg) -> None:
                     table.add_column(col)
                 for r in runs:
                     table.add_row(
-                        r.id, r.version, r.kind, r.state, str(r.total_steps or "—"),
+                        r.id,
+                        r.version,
+                        r.kind,
+                        r.state,
+                        str(r.total_steps or "—"),
                         r.ended_at.strftime("%Y-%m-%d %H:%M") if r.ended_at else "—",
                     )
                 console.print(table)
                 failed = [r for r in runs if r.state == "failed"]
                 if failed:
                     last = failed[-1].error_tail or ""
-                    console.print(f"[red]last failure ({failed[-1].id}):[/] {last.strip().splitlines()[-1] if last else ''}")
+                    console.print(
+                        f"[red]last failure ({failed[-1].id}):[/] "
+                        + (last.strip().splitlines()[-1] if last.strip() else "")
+                    )
     except USER_ERRORS as exc:
         _fail(exc)
 
 
 def _version_label(v: VersionRecord) -> str:
-    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(v.state, "white")
-    scores = f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}" if v.val_greedy is not None else "no score"
+    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(
+        v.state, "white"
+    )
+    scores = (
+        f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}"
+        if v.val_greedy is not None
+        else "no score"
+    )
     verdict = f" · {v.verdict}" if v.verdict else ""
     return f"[bold]{v.name}[/] [{color}]{v.state}[/] · {scores}{verdict}"
 

@@ -53,7 +53,10 @@ def test_verifier_and_format_check() -> None:
     assert parts == {"correctness": 1.0, "format": 1.0} and abs(total - 1.1) < 1e-12
 
 
-@given(st.lists(st.integers(0, 999), min_size=2, max_size=6), st.lists(st.sampled_from("+-"), min_size=5, max_size=5))
+@given(
+    st.lists(st.integers(0, 999), min_size=2, max_size=6),
+    st.lists(st.sampled_from("+-"), min_size=5, max_size=5),
+)
 def test_chain_of_any_expression_evaluates_to_its_value(operands: list[int], ops: list[str]) -> None:
     from engine.domains.base import Task
 

@@ -45,7 +45,9 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         rows = store.query(
             "SELECT task_id, completion, reward, reward_components FROM rollouts WHERE run_id = ?", [run.id]
         )
-        assert len(rows) == recipe.steps * recipe.batch_size + config.domain.val_size * (1 + config.eval.sampled_seeds)
+        assert len(rows) == recipe.steps * recipe.batch_size + config.domain.val_size * (
+            1 + config.eval.sampled_seeds
+        )
         for task_id, completion, reward, components in rows:
             total, expected = score(domain, tasks[task_id], completion, recipe.rewards)
             assert components == expected
@@ -65,13 +67,23 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         logged = store.metric_series(run.id, "frac_reward_zero_std")
         assert [s for s, _ in logged] == list(range(1, recipe.steps + 1))
         assert [(s, round(v, 6)) for s, v in recomputed] == [(s, round(v, 6)) for s, v in logged]
-        for key in ("reward", "reward_std", "entropy", "completions/clipped_ratio", "rewards/correctness/mean"):
+        for key in (
+            "reward",
+            "reward_std",
+            "entropy",
+            "completions/clipped_ratio",
+            "rewards/correctness/mean",
+        ):
             assert len(store.metric_series(run.id, key)) == recipe.steps, key
 
         # Lineage in the store mirrors the git version tree.
         v0, v1 = store.get_version("v0"), store.get_version("v1")
         assert v0 is not None and v1 is not None
-        assert (v1.parent, v1.branch, v1.commit_sha) == ("v0", "versions/v1", engine.tree.commit_of("v1").hexsha)
+        assert (v1.parent, v1.branch, v1.commit_sha) == (
+            "v0",
+            "versions/v1",
+            engine.tree.commit_of("v1").hexsha,
+        )
         assert engine.tree.lineage("v1") == ["v0", "v1"]
         assert v0.state == "promoted" and v1.verdict is not None
         assert (tiny_workspace.root / v1.checkpoint / "config.json").is_file()  # type: ignore[operator]

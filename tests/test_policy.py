@@ -43,7 +43,9 @@ def test_warmup_lowers_the_loss_and_generation_reports_truncation() -> None:
     domain = make_domain(MathDomainConfig(train_size=100, val_size=10))
     model, tokenizer = build_tiny_policy(SMALL, domain.alphabet)
     losses: list[float] = []
-    warmup_policy(model, tokenizer, domain, WarmupConfig(steps=30, batch_size=16), on_step=lambda s, v: losses.append(v))
+    warmup_policy(
+        model, tokenizer, domain, WarmupConfig(steps=30, batch_size=16), on_step=lambda s, v: losses.append(v)
+    )
     assert len(losses) == 30 and sum(losses[-5:]) / 5 < 0.9 * sum(losses[:5]) / 5
     prompts = [t.prompt for t in domain.tasks("val")]
     outputs = generate(model, tokenizer, prompts, max_new_tokens=2, do_sample=False)

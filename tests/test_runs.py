@@ -48,7 +48,9 @@ def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_works
         tail = info.value.run.error_tail or ""
         assert "no-such-model" in tail and "Traceback" in tail
         # Same engine, next run: works.
-        ok = engine.execute("v0", "eval", config, model_in=tiny_workspace.root / ".evotrainer/models/v0", model_out=None)
+        ok = engine.execute(
+            "v0", "eval", config, model_in=tiny_workspace.root / ".evotrainer/models/v0", model_out=None
+        )
         assert ok.state == "succeeded"
         states = [(r.kind, r.state) for r in engine.store.list_runs("v0")]
         assert states == [("warmup", "succeeded"), ("eval", "failed"), ("eval", "succeeded")]
@@ -57,7 +59,9 @@ def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_works
 def test_runs_left_running_by_a_dead_engine_are_settled_on_open(tiny_workspace: Workspace) -> None:
     run_dir = tiny_workspace.runs_dir / "v0-warmup-1"
     run_dir.mkdir(parents=True)
-    (run_dir / EVENTS_FILE).write_text(json.dumps({"type": "metrics", "step": 5, "values": {"warmup/loss": 1.5}}) + "\n")
+    (run_dir / EVENTS_FILE).write_text(
+        json.dumps({"type": "metrics", "step": 5, "values": {"warmup/loss": 1.5}}) + "\n"
+    )
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     with Engine(tiny_workspace) as engine:

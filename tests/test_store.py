@@ -71,7 +71,10 @@ def test_a_second_writer_gets_a_clear_error(tmp_path: Path) -> None:
     import sys
 
     with Store(path):
-        code = f"from engine.store import Store, StoreLockedError\ntry:\n    Store({str(path)!r})\nexcept StoreLockedError as e:\n    print('LOCKED', e)"
+        code = (
+            "from engine.store import Store, StoreLockedError\n"
+            f"try:\n    Store({str(path)!r})\nexcept StoreLockedError as e:\n    print('LOCKED', e)"
+        )
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
     assert out.startswith("LOCKED") and "in use by another evotui process" in out
     assert StoreLockedError.__doc__
@@ -92,7 +95,11 @@ def test_version_run_and_intervention_round_trip(tmp_path: Path) -> None:
         assert [v.name for v in store.list_versions()] == ["v0", "v1"]
         assert store.get_intervention("v1-delta")["change"] == change  # type: ignore[index]
         run = store.get_run("v1-train-1")
-        assert run is not None and (run.state, run.error_tail, json.loads(run.config)) == ("failed", "boom", {"k": 1})
+        assert run is not None and (run.state, run.error_tail, json.loads(run.config)) == (
+            "failed",
+            "boom",
+            {"k": 1},
+        )
         with pytest.raises(ValueError, match="no column"):
             store.update_version("v1", colour="red")
 
@@ -111,7 +118,8 @@ def test_ingest_is_idempotent_across_restarts(tmp_path: Path) -> None:
     log = EventLog(run_dir / EVENTS_FILE)
     for step in (1, 2):
         batch = _batch("r1", step, groups=3, size=4)
-        log.write("rollouts", step=step, split="train", file=write_rollouts(run_dir, f"train-{step:06d}", batch))
+        file = write_rollouts(run_dir, f"train-{step:06d}", batch)
+        log.write("rollouts", step=step, split="train", file=file, rows=len(batch))
         log.write("metrics", step=step, values={"reward": sum(batch.reward) / len(batch)})
     # A torn last line (a worker killed mid-write) must wait, not break ingestion.
     with open(run_dir / EVENTS_FILE, "a") as fh:
@@ -127,6 +135,7 @@ def test_ingest_is_idempotent_across_restarts(tmp_path: Path) -> None:
         again = ingest_run(store, "r1", run_dir)
         assert len(again.events) == 4 and again.rollout_rows == 0
         assert store.count_rollouts("r1") == 24
+        assert store.query("SELECT sum(rows) FROM ingested_files WHERE run_id = 'r1'") == [(24,)]
         assert store.query("SELECT count(*) FROM metrics") == [(2,)]
         stored = store.query(
             "SELECT reward_components['correctness'], truncated FROM rollouts "

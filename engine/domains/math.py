@@ -54,7 +54,8 @@ class MathDomain:
             attempts += 1
             if attempts > 50 * count + 1000:
                 raise ValueError(
-                    f"math domain: cannot draw {count} distinct {split} problems with operands 0..{cfg.max_operand} "
+                    f"math domain: cannot draw {count} distinct {split} problems with operands "
+                    f"0..{cfg.max_operand} "
                     f"and {cfg.min_operands}-{cfg.max_operands} operands; raise max_operand or max_operands"
                 )
             n = rng.randint(cfg.min_operands, cfg.max_operands)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.domains import Domain, Task, score
+from engine.domains import Domain, score
 from engine.runs.artifacts import RolloutBatch
 
 
@@ -48,11 +48,17 @@ def generate(
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
         enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-        sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {
-            "do_sample": False
-        }
+        sampling = (
+            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if do_sample
+            else {"do_sample": False}
+        )
         generated = model.generate(
-            **enc, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id, **sampling
+            **enc,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=tokenizer.pad_token_id,
+            **sampling,
         )
         for row in generated[:, enc["input_ids"].shape[1] :].tolist():
             if eos in row:
@@ -85,7 +91,9 @@ def evaluate(
     for k in range(sampled_seeds):
         # Fixed seeds: a version is always judged on the same draws.
         torch.manual_seed(seed * 1000 + k)
-        passes.append((sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature)))
+        passes.append(
+            (sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature))
+        )
     for batch, sample_idx, outputs in passes:
         for i, (task, (text, truncated, length)) in enumerate(zip(tasks, outputs, strict=True)):
             total, components = score(domain, task, text, weights)

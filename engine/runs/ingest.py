@@ -28,9 +28,10 @@ def ingest_run(store: Store, run_id: str, run_dir: Path) -> IngestReport:
     report = IngestReport(events=events)
     if not events:
         return report
-    report.metric_rows = store.upsert_metrics(run_id, metric_rows(events))
-    for event in events:
-        if event.get("type") == "rollouts":
-            report.rollout_rows += store.ingest_rollout_file(run_id, run_dir / event["file"], event["file"])
-    store.set_events_offset(run_id, new_offset)
+    files = [(run_dir / e["file"], e["file"], int(e["rows"])) for e in events if e.get("type") == "rollouts"]
+    # One transaction per poll: the offset moves only together with what it covers.
+    with store.transaction():
+        report.metric_rows = store.upsert_metrics(run_id, metric_rows(events))
+        report.rollout_rows = store.ingest_rollout_files(run_id, files)
+        store.set_events_offset(run_id, new_offset)
     return report

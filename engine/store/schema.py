@@ -10,7 +10,8 @@ MIGRATIONS: list[str] = [
         parent          VARCHAR,                      -- NULL for the base v0
         branch          VARCHAR NOT NULL,             -- versions/vN in the workspace repository
         commit_sha      VARCHAR NOT NULL,
-        state           VARCHAR NOT NULL,             -- created, training, trained, failed, promoted, rejected
+        -- state: created, training, trained, failed, promoted, rejected
+        state           VARCHAR NOT NULL,
         intervention_id VARCHAR,
         checkpoint      VARCHAR,                      -- model directory, relative to the workspace
         val_greedy      DOUBLE,

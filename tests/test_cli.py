@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from engine.workspace import Workspace
+from evotui.cli import app
+
+runner = CliRunner()
+
+
+def test_init_creates_a_repository_and_refuses_a_non_empty_directory(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["init", str(tmp_path / "ws")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "ws" / ".git").is_dir() and (tmp_path / "ws" / "workspace.toml").is_file()
+    assert ".evotrainer/" in (tmp_path / "ws" / ".gitignore").read_text()
+    again = runner.invoke(app, ["init", str(tmp_path / "ws")])
+    assert again.exit_code == 1 and "not empty" in again.output
+    unknown = runner.invoke(app, ["init", str(tmp_path / "other"), "--from", "nope"])
+    assert unknown.exit_code == 1 and "unknown template 'nope'; available: sample" in unknown.output
+
+
+def test_run_refuses_to_guess_gate_answers_without_a_terminal(tiny_workspace: Workspace) -> None:
+    result = runner.invoke(app, ["run", str(tiny_workspace.root)])
+    assert result.exit_code == 1
+    assert "--auto-approve" in result.output
+    assert not (tiny_workspace.runs_dir).exists()  # nothing was started
+
+
+def test_a_bad_workspace_toml_is_reported_not_raised(tiny_workspace: Workspace) -> None:
+    text = tiny_workspace.config_path.read_text().replace('loss_type = "dapo"', 'loss_type = "ppo"')
+    tiny_workspace.config_path.write_text(text)
+    result = runner.invoke(app, ["status", str(tiny_workspace.root)])
+    assert result.exit_code == 1
+    assert "workspace.toml:" in result.output and "recipe.loss_type" in result.output
+    missing = runner.invoke(app, ["versions", str(tiny_workspace.root / "nowhere")])
+    assert missing.exit_code == 1 and "is not a workspace" in missing.output
+
+
+def test_status_and_versions_of_a_new_workspace(tiny_workspace: Workspace) -> None:
+    status = runner.invoke(app, ["status", str(tiny_workspace.root)])
+    assert status.exit_code == 0 and "0 version(s)" in status.output
+    versions = runner.invoke(app, ["versions", str(tiny_workspace.root)])
+    assert versions.exit_code == 0 and "No versions yet" in versions.output
