@@ -13,11 +13,14 @@ import signal
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
-from engine.runs.artifacts import LOG_FILE
+from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
 from engine.runs.ingest import ingest_run
 from engine.runs.runner import LocalRunner, Runner
 from engine.runs.spec import RunKind, RunSpec
@@ -127,7 +130,9 @@ class Engine:
             if run.pid and _alive(run.pid):
                 continue
             ingest_run(self.store, run.id, Path(run.run_dir))
-            self._finish_run(run.id, returncode=None)
+            settled = self._finish_run(run.id, returncode=None)
+            if settled.state == "succeeded" and settled.kind == "train":
+                self._complete_training(settled)
 
     # -- versions -----------------------------------------------------------------------------
     def version_config(self, version: str) -> WorkspaceConfig:
@@ -239,11 +244,16 @@ class Engine:
         except RunFailed:
             self.store.update_version(version, state="failed")
             raise
-        self.store.update_version(
-            version, state="trained", checkpoint=str(out.relative_to(self.workspace.root))
-        )
-        self._record_scores(version, run.id)
+        self._complete_training(run)
         return run
+
+    def _complete_training(self, run: RunRecord) -> None:
+        """A train run succeeded: its version is trained, with its checkpoint and val scores."""
+        spec = RunSpec.load(Path(run.run_dir))
+        assert spec.model_out is not None
+        checkpoint = str(spec.model_out.relative_to(self.workspace.root))
+        self.store.update_version(run.version, state="trained", checkpoint=checkpoint)
+        self._record_scores(run.version, run.id)
 
     def judge(self, version: str) -> Verdict:
         record = self.store.get_version(version)
@@ -403,8 +413,6 @@ class Engine:
         assert run is not None
         run_dir = Path(run.run_dir)
         ended = error = None
-        from engine.runs.artifacts import EVENTS_FILE, read_events
-
         for event in read_events(run_dir / EVENTS_FILE, 0)[0]:
             if event.get("type") == "end":
                 ended = event
@@ -466,8 +474,6 @@ class Engine:
 def _version_toml(
     name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str
 ) -> str:
-    import tomli_w
-
     doc = {
         "version": {"name": name, "parent": parent},
         "intervention": {
@@ -485,9 +491,7 @@ def _score(v: VersionRecord) -> float:
     return sum(values) / len(values) if values else float("-inf")
 
 
-def _now() -> Any:
-    from datetime import datetime
-
+def _now() -> datetime:
     return datetime.now()
 
 

@@ -14,6 +14,7 @@ import pytest
 from engine.core import Engine, RunFailed
 from engine.runs.artifacts import EVENTS_FILE
 from engine.runs.runner import LocalRunner
+from engine.runs.spec import RunSpec
 from engine.workspace import Workspace
 
 
@@ -62,13 +63,46 @@ def test_runs_left_running_by_a_dead_engine_are_settled_on_open(tiny_workspace: 
     (run_dir / EVENTS_FILE).write_text(
         json.dumps({"type": "metrics", "step": 5, "values": {"warmup/loss": 1.5}}) + "\n"
     )
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
     with Engine(tiny_workspace) as engine:
         engine.store.add_version("v0", None, "versions/v0", "x", state="created")
         engine.store.add_run("v0-warmup-1", "v0", "warmup", str(run_dir), {}, 20)
-        engine.store.update_run("v0-warmup-1", state="running", pid=dead.pid)
+        engine.store.update_run("v0-warmup-1", state="running", pid=_dead_pid())
     with Engine(tiny_workspace) as engine:  # a new engine finds the orphan
         run = engine.store.get_run("v0-warmup-1")
         assert run is not None and run.state == "failed"
         assert engine.store.metric_series("v0-warmup-1", "warmup/loss") == [(5, 1.5)]
+
+
+def test_a_train_run_that_finished_while_no_engine_watched_completes_its_version(
+    tiny_workspace: Workspace,
+) -> None:
+    run_dir = tiny_workspace.runs_dir / "v1-train-1"
+    config = tiny_workspace.load_config()
+    spec = RunSpec(
+        run_id="v1-train-1",
+        version="v1",
+        kind="train",
+        config=config,
+        model_in=tiny_workspace.model_dir("v0"),
+        model_out=tiny_workspace.model_dir("v1"),
+    )
+    spec.save(run_dir)
+    events = [
+        {"type": "metrics", "step": 1, "values": {"reward": 0.25}},
+        {"type": "end", "status": "succeeded"},
+    ]
+    (run_dir / EVENTS_FILE).write_text("".join(json.dumps(e) + "\n" for e in events))
+    with Engine(tiny_workspace) as engine:
+        engine.store.add_version("v1", "v0", "versions/v1", "x", state="training")
+        engine.store.add_run("v1-train-1", "v1", "train", str(run_dir), {}, 1)
+        engine.store.update_run("v1-train-1", state="running", pid=_dead_pid())
+    with Engine(tiny_workspace) as engine:
+        assert engine.store.get_run("v1-train-1").state == "succeeded"  # type: ignore[union-attr]
+        v1 = engine.store.get_version("v1")
+        assert v1 is not None and (v1.state, v1.checkpoint) == ("trained", ".evotrainer/models/v1")
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid

@@ -59,9 +59,9 @@ _RUN_COLS = ", ".join(f.name for f in fields(RunRecord))
 
 class Store:
     def __init__(self, path: Path | str):
-        self.path = Path(path) if str(path) != ":memory:" else path
-        if isinstance(self.path, Path):
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        if str(path) != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self.con = duckdb.connect(str(path))
         except duckdb.IOException as exc:
