@@ -92,6 +92,7 @@ def main() -> int:
 
     from engine.core import Engine
     from engine.runs.spec import RunSpec
+    from engine.versions import ACTOR
     from engine.workspace import init_workspace
 
     console = Console()
@@ -106,7 +107,7 @@ def main() -> int:
 
     repo = git.Repo(workspace.root)
     repo.index.add(["workspace.toml"])
-    repo.index.commit("benchmark settings")
+    repo.index.commit("benchmark settings", author=ACTOR, committer=ACTOR)
 
     timings: dict[str, list[float]] = {"a: bare TRL": [], "b: engine worker + ingest": []}
     with Engine(workspace) as engine:

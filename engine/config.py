@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 CONFIG_FILE = "workspace.toml"
 
@@ -88,14 +88,18 @@ class PolicyConfig(_Section):
     warmup: WarmupConfig = WarmupConfig()
 
     @model_validator(mode="after")
-    def _path_for_local(self) -> PolicyConfig:
+    def _path_for_local(self, info: ValidationInfo) -> PolicyConfig:
         if self.kind == "local":
             if self.path is None:
                 raise ValueError("kind = 'local' needs path = '<a Hugging Face causal-LM directory>'")
-            if not (Path(self.path) / "config.json").is_file():
+            # A relative path is relative to the workspace, wherever evotui is started from.
+            root = (info.context or {}).get("root")
+            path = Path(root) / self.path if root is not None else Path(self.path)
+            if not (path / "config.json").is_file():
                 raise ValueError(
                     f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)"
                 )
+            object.__setattr__(self, "path", path.resolve())
         return self
 
 
@@ -233,14 +237,14 @@ def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
     return f"{where}: field '{field}': {msg}{suffix}"
 
 
-def parse_config(text: str, path: Path) -> WorkspaceConfig:
-    """Parse and validate TOML text; `path` is only used in error messages."""
+def parse_config(text: str, path: Path, root: Path | None = None) -> WorkspaceConfig:
+    """Parse and validate TOML text; `path` names it in errors, `root` anchors relative paths."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise WorkspaceConfigError(path, [f"{path}: not valid TOML: {exc}"]) from None
     try:
-        return WorkspaceConfig.model_validate(data)
+        return WorkspaceConfig.model_validate(data, context={"root": root})
     except ValidationError as exc:
         problems = [_format_error(path, text, err) for err in exc.errors()]
         raise WorkspaceConfigError(path, problems) from None
@@ -250,4 +254,4 @@ def load_config(workspace: Path) -> WorkspaceConfig:
     path = Path(workspace) / CONFIG_FILE
     if not path.is_file():
         raise WorkspaceConfigError(path, [f"{path}: not found; create a workspace with `evotui init DIR`"])
-    return parse_config(path.read_text(encoding="utf-8"), path)
+    return parse_config(path.read_text(encoding="utf-8"), path, root=Path(workspace))

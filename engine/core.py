@@ -137,7 +137,7 @@ class Engine:
     # -- versions -----------------------------------------------------------------------------
     def version_config(self, version: str) -> WorkspaceConfig:
         text = self.tree.read(version, CONFIG_FILE)
-        return parse_config(text, Path(f"{self.tree.branch(version)}:{CONFIG_FILE}"))
+        return parse_config(text, Path(f"{self.tree.branch(version)}:{CONFIG_FILE}"), self.workspace.root)
 
     def next_version_name(self) -> str:
         names = {v.name for v in self.store.list_versions()} | set(self.tree.versions())
@@ -172,7 +172,7 @@ class Engine:
         """The next version from `parent`: the working tree's workspace.toml against the parent's."""
         parent_config = self.version_config(parent)
         text = self.workspace.config_path.read_text(encoding="utf-8")
-        config = parse_config(text, self.workspace.config_path)
+        config = parse_config(text, self.workspace.config_path, self.workspace.root)
         change = config_changes(parent_config, config)
         name = self.next_version_name()
         if not change:
@@ -272,10 +272,12 @@ class Engine:
     def decide(self, version: str, decision: str, reason: str) -> None:
         if decision not in ("promoted", "rejected"):
             raise ValueError(f"decision must be 'promoted' or 'rejected', not {decision!r}")
-        if decision == "promoted":
-            self.tree.promote(version, reason)
-        else:
-            self.tree.reject(version, reason)
+        recorded = self.tree.decision(version)
+        if recorded is None:
+            (self.tree.promote if decision == "promoted" else self.tree.reject)(version, reason)
+        elif recorded[0] != decision:
+            raise ValueError(f"{version} is already {recorded[0]} in the version tree")
+        # else: tagged before the store caught up (an engine that stopped in between)
         self.store.update_version(version, state=decision, decision_reason=reason, decided_at=_now())
         self.store.add_event("decision", {"decision": decision, "reason": reason}, version=version)
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import git
 import pytest
 
 from engine.versions import ACTOR
@@ -53,9 +54,12 @@ def tiny_workspace(tmp_path: Path, sample_toml: str) -> Workspace:
     """A workspace from the sample template with the tiny settings committed (so v0 uses them)."""
     ws = init_workspace(tmp_path / "ws")
     ws.config_path.write_text(tiny_toml(sample_toml))
-    import git
+    commit_workspace_toml(ws, "tiny settings for tests")
+    return ws
 
+
+def commit_workspace_toml(ws: Workspace, message: str) -> None:
+    """Commit the working tree's workspace.toml, so that the next v0 is built from it."""
     repo = git.Repo(ws.root)
     repo.index.add(["workspace.toml"])
-    repo.index.commit("tiny settings for tests", author=ACTOR, committer=ACTOR)
-    return ws
+    repo.index.commit(message, author=ACTOR, committer=ACTOR)

@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 
 from engine.core import Engine, RunFailed
+from engine.policy.tiny import load_policy
 from engine.runs.artifacts import EVENTS_FILE
 from engine.runs.runner import LocalRunner
 from engine.runs.spec import RunSpec
 from engine.workspace import Workspace
+from tests.conftest import commit_workspace_toml
 
 
 class KillingRunner(LocalRunner):
@@ -106,3 +108,24 @@ def _dead_pid() -> int:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     return proc.pid
+
+
+def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) -> None:
+    from engine.policy.tiny import build_tiny_policy, save_policy
+
+    config = tiny_workspace.load_config()
+    model, tokenizer = build_tiny_policy(config.policy.embedded, "0123456789+-=;:AQ\n", seed=5)
+    save_policy(model, tokenizer, tiny_workspace.root / "my-model")
+    text = tiny_workspace.config_path.read_text().replace(
+        'kind = "embedded"', 'kind = "local"\npath = "my-model"'
+    )
+    tiny_workspace.config_path.write_text(text)
+    commit_workspace_toml(tiny_workspace, "use a local model")
+    with Engine(tiny_workspace, poll_seconds=0.1) as engine:
+        v0 = engine.ensure_base()
+        (run,) = engine.store.list_runs("v0")
+        # No warm-up ran: the only metrics are the evaluation's, at step 0.
+        assert engine.store.query("SELECT DISTINCT step FROM metrics WHERE run_id = ?", [run.id]) == [(0,)]
+    assert v0.val_n == config.domain.val_size
+    reloaded, _ = load_policy(tiny_workspace.root / (v0.checkpoint or ""))
+    assert reloaded.num_parameters() == model.num_parameters()

@@ -13,20 +13,23 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import torch
+from datasets import Dataset
 from transformers import TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
 
 from engine.config import RecipeConfig
-from engine.domains import Domain
+from engine.domains import Domain, make_domain
+from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
+from engine.runs.evaluate import evaluate
+from engine.runs.recorder import RolloutRecorder
 from engine.runs.spec import RunSpec
 
 
 def _evaluate_and_log(
     spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int
 ) -> None:
-    from engine.domains import make_domain
-    from engine.runs.evaluate import evaluate
-
     cfg = spec.config
     domain = make_domain(cfg.domain)
     result = evaluate(
@@ -45,14 +48,10 @@ def _evaluate_and_log(
         file = write_rollouts(run_dir, f"val-{batch.decoding}-{step:06d}", batch)
         events.write("rollouts", step=step, split="val", file=file, rows=len(batch))
     events.write("metrics", step=step, values=result.metrics)
-    events.write("eval", step=step, **result.metrics)
 
 
 def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     """Build v0: the embedded policy with its supervised warm-up, or a local model as it is."""
-    from engine.domains import make_domain
-    from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
-
     cfg = spec.config
     domain = make_domain(cfg.domain)
     if spec.model_in is None:
@@ -78,10 +77,9 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, final_step)
 
 
-def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float]) -> Any:
-    """TRL's GRPOConfig for a recipe on this machine (CPU, fp32, one generation per step)."""
-    from trl import GRPOConfig
-
+def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float]) -> GRPOConfig:
+    """TRL's GRPOConfig for a recipe: fp32, one generation batch per optimizer step, logged every
+    step; on the CPU when no accelerator is present."""
     return GRPOConfig(
         output_dir=str(output_dir),
         max_steps=recipe.steps,
@@ -105,28 +103,20 @@ def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float
         report_to="none",
         disable_tqdm=True,
         bf16=False,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=False,
         dataloader_num_workers=0,
     )
 
 
-def grpo_dataset(domain: Domain) -> Any:
+def grpo_dataset(domain: Domain) -> Dataset:
     """The train split as a TRL prompt dataset; `task_id` reaches the reward functions."""
-    from datasets import Dataset
-
     tasks = domain.tasks("train")
     return Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]})
 
 
-def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Any:
+def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTrainer:
     """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
-    from trl import GRPOTrainer
-
-    from engine.domains import make_domain
-    from engine.policy.tiny import load_policy
-    from engine.runs.recorder import RolloutRecorder
-
     assert spec.model_in is not None
     recipe = spec.config.recipe
     domain = make_domain(spec.config.domain)
@@ -179,8 +169,6 @@ class _EventCallback(TrainerCallback):
 
 
 def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
-    from engine.policy.tiny import save_policy
-
     assert spec.model_in is not None and spec.model_out is not None
     trainer = build_grpo_trainer(spec, run_dir, events)
     trainer.train()
@@ -192,8 +180,6 @@ def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
 
 
 def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
-    from engine.policy.tiny import load_policy
-
     assert spec.model_in is not None
     model, tokenizer = load_policy(spec.model_in)
     events.write("start", total_steps=0)
@@ -209,8 +195,6 @@ def main(argv: list[str] | None = None) -> int:
     spec = RunSpec.load(run_dir)
     events = EventLog(run_dir / EVENTS_FILE)
     try:
-        import torch
-
         if spec.threads:
             torch.set_num_threads(spec.threads)
         {"warmup": run_warmup, "train": run_train, "eval": run_eval}[spec.kind](spec, run_dir, events)

@@ -131,13 +131,17 @@ class Store:
             [name, parent, branch, commit_sha, state],
         )
 
-    def update_version(self, name: str, **values: Any) -> None:
-        allowed = {f.name for f in fields(VersionRecord)} - {"name", "created_at"}
+    def _update(self, table: str, record: type, key: str, key_value: str, values: dict[str, Any]) -> None:
+        """UPDATE one row; column names are checked against the record type (never user text)."""
+        allowed = {f.name for f in fields(record)} - {key, "created_at"}
         unknown = set(values) - allowed
         if unknown:
-            raise ValueError(f"versions has no column(s) {sorted(unknown)}")
+            raise ValueError(f"{table} has no column(s) {sorted(unknown)}")
         sets = ", ".join(f"{k} = ?" for k in values)
-        self.con.execute(f"UPDATE versions SET {sets} WHERE name = ?", [*values.values(), name])
+        self.con.execute(f"UPDATE {table} SET {sets} WHERE {key} = ?", [*values.values(), key_value])
+
+    def update_version(self, name: str, **values: Any) -> None:
+        self._update("versions", VersionRecord, "name", name, values)
 
     def get_version(self, name: str) -> VersionRecord | None:
         row = self.query_one(f"SELECT {_VERSION_COLS} FROM versions WHERE name = ?", [name])
@@ -185,12 +189,7 @@ class Store:
         )
 
     def update_run(self, id: str, **values: Any) -> None:
-        allowed = {f.name for f in fields(RunRecord)} - {"id"}
-        unknown = set(values) - allowed
-        if unknown:
-            raise ValueError(f"runs has no column(s) {sorted(unknown)}")
-        sets = ", ".join(f"{k} = ?" for k in values)
-        self.con.execute(f"UPDATE runs SET {sets} WHERE id = ?", [*values.values(), id])
+        self._update("runs", RunRecord, "id", id, values)
 
     def get_run(self, id: str) -> RunRecord | None:
         row = self.query_one(f"SELECT {_RUN_COLS} FROM runs WHERE id = ?", [id])
