@@ -80,7 +80,7 @@ def _demo_batch(
     """Right-padded prompt+demonstration+EOS; the loss covers the completion tokens only."""
     rows, labels = [], []
     for task in tasks:
-        prompt_ids = tokenizer(task.prompt, add_special_tokens=False)["input_ids"]
+        prompt_ids = tokenizer(task.prompt)["input_ids"]  # special tokens as TRL's prompts get them
         completion_ids = tokenizer(domain.demonstration(task, rng), add_special_tokens=False)["input_ids"]
         ids = prompt_ids + completion_ids + [tokenizer.eos_token_id]
         rows.append(ids)

@@ -47,7 +47,9 @@ def generate(
     model.eval()
     for start in range(0, len(prompts), batch_size):
         chunk = list(prompts[start : start + batch_size])
-        enc = tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+        # Special tokens as TRL adds them to GRPO prompts (a BOS for most local models), so that
+        # a version is evaluated on exactly the inputs it trained on.
+        enc = tokenizer(chunk, return_tensors="pt", padding=True).to(model.device)
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             if do_sample
