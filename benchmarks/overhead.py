@@ -78,9 +78,7 @@ def bare(run_dir: Path) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of the pair (a, b)")
     parser.add_argument("--warmup-steps", type=int, default=100, help="warm-up steps of the shared v0")
@@ -99,9 +97,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="evotui-overhead-"))
     workspace = init_workspace(root / "ws")
     text = workspace.config_path.read_text()
-    text = text.replace("steps = 300", f"steps = {args.warmup_steps}").replace(
-        "steps = 150", f"steps = {args.steps}"
-    )
+    text = text.replace("steps = 300", f"steps = {args.warmup_steps}").replace("steps = 150", f"steps = {args.steps}")
     workspace.config_path.write_text(text)
     import git
 
@@ -140,9 +136,7 @@ def main() -> int:
                     start = time.perf_counter()
                     engine.execute("v0", "train", config, model_in, workspace.model_dir(f"bench-{rep}"))
                     timings["b: engine worker + ingest"].append(time.perf_counter() - start)
-                console.print(
-                    f"rep {rep + 1}/{args.reps} arm {arm}: {list(timings.values())[arm == 'b'][-1]:.1f} s"
-                )
+                console.print(f"rep {rep + 1}/{args.reps} arm {arm}: {list(timings.values())[arm == 'b'][-1]:.1f} s")
         rows = engine.store.count_rollouts()
 
     table = Table(title=f"GRPO {args.steps} steps x {config.recipe.batch_size} completions, {args.reps} reps")

@@ -45,9 +45,7 @@ class MathDomainConfig(_Section):
     @model_validator(mode="after")
     def _operand_range(self) -> MathDomainConfig:
         if self.max_operands < self.min_operands:
-            raise ValueError(
-                f"max_operands ({self.max_operands}) must be >= min_operands ({self.min_operands})"
-            )
+            raise ValueError(f"max_operands ({self.max_operands}) must be >= min_operands ({self.min_operands})")
         return self
 
 
@@ -66,9 +64,7 @@ class EmbeddedPolicyConfig(_Section):
     @model_validator(mode="after")
     def _heads_divide(self) -> EmbeddedPolicyConfig:
         if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads ({self.num_heads})")
         return self
 
 
@@ -96,9 +92,7 @@ class PolicyConfig(_Section):
             root = (info.context or {}).get("root")
             path = Path(root) / self.path if root is not None else Path(self.path)
             if not (path / "config.json").is_file():
-                raise ValueError(
-                    f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)"
-                )
+                raise ValueError(f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)")
             object.__setattr__(self, "path", path.resolve())
         return self
 
@@ -229,11 +223,7 @@ def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
     elif msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     got = err.get("input")
-    suffix = (
-        f" (got {got!r})"
-        if err["type"] not in ("missing", "model_type") and not isinstance(got, dict)
-        else ""
-    )
+    suffix = f" (got {got!r})" if err["type"] not in ("missing", "model_type") and not isinstance(got, dict) else ""
     return f"{where}: field '{field}': {msg}{suffix}"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import tomli_w
 
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
+from engine.harness.diagnose import Diagnosis, diagnose, store_diagnosis
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
 from engine.runs.ingest import ingest_run
 from engine.runs.runner import LocalRunner, Runner
@@ -48,6 +49,7 @@ class RunUpdate:
 
 
 ProgressFn = Callable[[RunUpdate], None]
+DiagnosisFn = Callable[["Diagnosis"], None]
 ApproveFn = Callable[[str], bool]
 
 
@@ -93,9 +95,7 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict[str, Any]]:
     a = _flatten(old.model_dump(mode="json"))
     b = _flatten(new.model_dump(mode="json"))
-    return {
-        k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)
-    }
+    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
 class Engine:
@@ -106,6 +106,8 @@ class Engine:
         self.store = Store(workspace.db_path)
         self.runner = runner or LocalRunner()
         self.poll_seconds = poll_seconds
+        #: Called with the diagnosis the harness makes of every run that ends.
+        self.on_diagnosis: DiagnosisFn | None = None
         self.recover()
 
     @classmethod
@@ -160,8 +162,7 @@ class Engine:
         config = self.version_config(BASE)
         model_in = config.policy.path if config.policy.kind == "local" else None
         out = self.workspace.model_dir(BASE)
-        run = self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress)
-        self._record_scores(BASE, run.id)
+        self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress)
         self.store.update_version(BASE, checkpoint=str(out.relative_to(self.workspace.root)))
         self.decide(BASE, "promoted", "base policy")
         record = self.store.get_version(BASE)
@@ -220,9 +221,7 @@ class Engine:
                 plan.rollback,
             )
             self.store.update_version(plan.name, intervention_id=intervention_id)
-            self.store.add_event(
-                "version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name
-            )
+            self.store.add_event("version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name)
         record = self.store.get_version(plan.name)
         assert record is not None
         return record
@@ -264,9 +263,7 @@ class Engine:
             raise ValueError(f"{record.parent} or {version} has no evaluation yet")
         verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id)
         self.store.update_version(version, verdict=verdict.label)
-        self.store.add_event(
-            "verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version
-        )
+        self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict
 
     def decide(self, version: str, decision: str, reason: str) -> None:
@@ -359,13 +356,9 @@ class Engine:
         """Launch a worker for one run and follow it to the end; raises RunFailed if it fails."""
         run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
         run_dir = self.workspace.runs_dir / run_id
-        spec = RunSpec(
-            run_id=run_id, version=version, kind=kind, config=config, model_in=model_in, model_out=model_out
-        )
+        spec = RunSpec(run_id=run_id, version=version, kind=kind, config=config, model_in=model_in, model_out=model_out)
         spec.save(run_dir)
-        self.store.add_run(
-            run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps
-        )
+        self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
         handle = self.runner.start(run_dir)
         self.store.update_run(run_id, state="running", pid=handle.pid, started_at=_now())
         self.store.add_event("run_started", {"kind": kind, "pid": handle.pid}, run_id=run_id, version=version)
@@ -385,11 +378,12 @@ class Engine:
             _kill_group(handle.pid)
             handle.wait()
             self._follow(run_id, run_dir, update, progress)
-            self._finish_run(
-                run_id, returncode=None, reason="interrupted: the engine stopped following this run"
-            )
+            self._finish_run(run_id, returncode=None, reason="interrupted: the engine stopped following this run")
             raise
         run = self._finish_run(run_id, returncode)
+        if run.state == "succeeded":
+            self._record_scores(version, run_id)  # a version's score is its latest evaluation
+        self.diagnose_run(run)
         update.state = run.state
         update.error = run.error_tail
         if progress is not None:
@@ -397,6 +391,28 @@ class Engine:
         if run.state != "succeeded":
             raise RunFailed(run)
         return run
+
+    def diagnose_run(self, run: RunRecord) -> Diagnosis | None:
+        """Run the harness over a finished run and store the diagnosis. A failure here is
+        recorded as an event and never stops the engine."""
+        version = self.store.get_version(run.version)
+        if version is None:
+            return None
+        try:
+            diagnosis = diagnose(self.store, run, version, self.version_config(run.version), self.workspace.root)
+            store_diagnosis(self.store, diagnosis)
+        except Exception as exc:  # noqa: BLE001 - the engine carries on without a diagnosis
+            self.store.add_event("diagnosis_failed", {"error": f"{type(exc).__name__}: {exc}"}, run_id=run.id)
+            return None
+        self.store.add_event(
+            "diagnosis",
+            {"bottleneck": diagnosis.bottleneck.rule if diagnosis.bottleneck else None},
+            run_id=run.id,
+            version=run.version,
+        )
+        if self.on_diagnosis is not None:
+            self.on_diagnosis(diagnosis)
+        return diagnosis
 
     def _follow(self, run_id: str, run_dir: Path, update: RunUpdate, progress: ProgressFn | None) -> None:
         report = ingest_run(self.store, run_id, run_dir)
@@ -432,9 +448,7 @@ class Engine:
                 log_tail = log.read_text(errors="replace")[-4000:] if log.exists() else ""
                 code = f"worker exited with code {returncode}" if returncode is not None else ""
                 tail = "\n".join(x for x in (tail, code, log_tail) if x)
-            self.store.update_run(
-                run_id, state="failed", ended_at=_now(), error_tail=tail or "unknown failure"
-            )
+            self.store.update_run(run_id, state="failed", ended_at=_now(), error_tail=tail or "unknown failure")
             if run.version and (v := self.store.get_version(run.version)) and v.state == "training":
                 self.store.update_version(run.version, state="failed")
         self.store.add_event(
@@ -448,9 +462,7 @@ class Engine:
         return final
 
     # -- reporting --------------------------------------------------------------------------------
-    def train_curve_summary(
-        self, run_id: str, window: int = 10
-    ) -> dict[str, tuple[float | None, float | None]]:
+    def train_curve_summary(self, run_id: str, window: int = 10) -> dict[str, tuple[float | None, float | None]]:
         """Mean of reward, dead-group ratio and truncation over the first and last `window` steps."""
         rows = self.store.query(
             """
@@ -473,9 +485,7 @@ class Engine:
         return runs[-1] if runs else None
 
 
-def _version_toml(
-    name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str
-) -> str:
+def _version_toml(name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str) -> str:
     doc = {
         "version": {"name": name, "parent": parent},
         "intervention": {

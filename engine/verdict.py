@@ -56,8 +56,7 @@ class Verdict:
 
     def summary(self) -> str:
         parts = [
-            f"{d.decoding} {d.parent:.3f}->{d.child:.3f} ({d.diff:+.3f} ±{d.noise_floor:.3f})"
-            for d in self.deltas
+            f"{d.decoding} {d.parent:.3f}->{d.child:.3f} ({d.diff:+.3f} ±{d.noise_floor:.3f})" for d in self.deltas
         ]
         return f"{self.label}: " + "; ".join(parts) + f" on {self.n_tasks} val tasks"
 

@@ -30,9 +30,7 @@ class VersionTree:
         try:
             self.repo = git.Repo(root)
         except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-            raise VersionTreeError(
-                f"{root} is not a git repository; create workspaces with `evotui init`"
-            ) from None
+            raise VersionTreeError(f"{root} is not a git repository; create workspaces with `evotui init`") from None
 
     @classmethod
     def init(cls, root: Path, message: str = "Create workspace") -> VersionTree:
@@ -50,9 +48,7 @@ class VersionTree:
         return self.branch(version) in self.repo.heads
 
     def versions(self) -> list[str]:
-        names = [
-            h.name.removeprefix(BRANCH_PREFIX) for h in self.repo.heads if h.name.startswith(BRANCH_PREFIX)
-        ]
+        names = [h.name.removeprefix(BRANCH_PREFIX) for h in self.repo.heads if h.name.startswith(BRANCH_PREFIX)]
         return sorted(names, key=lambda n: int(n[1:]))
 
     def commit_of(self, version: str) -> Commit:

@@ -61,9 +61,7 @@ class Workspace:
     def open(cls, root: Path | str) -> Workspace:
         root = Path(root).expanduser().resolve()
         if not (root / CONFIG_FILE).is_file():
-            raise WorkspaceError(
-                f"{root} is not a workspace (no {CONFIG_FILE}); create one with `evotui init {root}`"
-            )
+            raise WorkspaceError(f"{root} is not a workspace (no {CONFIG_FILE}); create one with `evotui init {root}`")
         return cls(root)
 
 

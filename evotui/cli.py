@@ -15,6 +15,7 @@ from rich.tree import Tree
 
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
+from engine.harness.diagnose import Diagnosis
 from engine.store import StoreLockedError, VersionRecord
 from engine.verdict import Verdict
 from engine.versions import VersionTreeError
@@ -63,9 +64,7 @@ class _RunDisplay:
     def __call__(self, update: RunUpdate) -> None:
         if update.run_id not in self.tasks:
             label = "warm-up v0" if update.kind == "warmup" else f"GRPO {update.version}"
-            self.tasks[update.run_id] = self.progress.add_task(
-                label, total=update.total_steps or None, live=""
-            )
+            self.tasks[update.run_id] = self.progress.add_task(label, total=update.total_steps or None, live="")
         task = self.tasks[update.run_id]
         m = update.metrics
         if "reward" in m:
@@ -98,18 +97,14 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 
 def _versions_table(engine: Engine, names: list[str]) -> Table:
-    table = Table(
-        title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD
-    )
+    table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("version", "parent", "state", "verdict"):
         table.add_column(col, no_wrap=True)
     for col in ("greedy", "sampled"):
         table.add_column(col, justify="right", no_wrap=True)
     for name in names:
         if (v := engine.store.get_version(name)) is not None:
-            table.add_row(
-                v.name, v.parent or "—", v.state, v.verdict or "—", _fmt(v.val_greedy), _fmt(v.val_sampled)
-            )
+            table.add_row(v.name, v.parent or "—", v.state, v.verdict or "—", _fmt(v.val_greedy), _fmt(v.val_sampled))
     return table
 
 
@@ -136,9 +131,7 @@ def _training_table(engine: Engine, names: list[str]) -> Table | None:
 def run(
     workspace: WorkspaceArg,
     versions: Annotated[int, typer.Option(min=1, help="How many versions to train.")] = 1,
-    auto_approve: Annotated[
-        bool, typer.Option("--auto-approve", help="Answer every gate with approve.")
-    ] = False,
+    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Answer every gate with approve.")] = False,
 ) -> None:
     """Build v0 if needed, train VERSIONS versions with GRPO, judge them, and compare."""
     try:
@@ -163,6 +156,13 @@ def run(
 
             def on_verdict(version: str, verdict: Verdict) -> None:
                 progress.console.print(f"{version}: {verdict.summary()}")
+
+            def on_diagnosis(diagnosis: Diagnosis) -> None:
+                progress.console.print(f"diagnosis of {diagnosis.run_id}:", highlight=False)
+                for line in diagnosis.headline():
+                    progress.console.print(f"  {line}", highlight=False)
+
+            engine.on_diagnosis = on_diagnosis
 
             start = {v.name for v in engine.store.list_versions()}
             with progress:
@@ -222,14 +222,8 @@ def status(workspace: WorkspaceArg) -> None:
 
 
 def _version_label(v: VersionRecord) -> str:
-    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(
-        v.state, "white"
-    )
-    scores = (
-        f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}"
-        if v.val_greedy is not None
-        else "no score"
-    )
+    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(v.state, "white")
+    scores = f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}" if v.val_greedy is not None else "no score"
     verdict = f" · {v.verdict}" if v.verdict else ""
     return f"[bold]{v.name}[/] [{color}]{v.state}[/] · {scores}{verdict}"
 

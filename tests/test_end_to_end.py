@@ -45,9 +45,7 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         rows = store.query(
             "SELECT task_id, completion, reward, reward_components FROM rollouts WHERE run_id = ?", [run.id]
         )
-        assert len(rows) == recipe.steps * recipe.batch_size + config.domain.val_size * (
-            1 + config.eval.sampled_seeds
-        )
+        assert len(rows) == recipe.steps * recipe.batch_size + config.domain.val_size * (1 + config.eval.sampled_seeds)
         for task_id, completion, reward, components in rows:
             total, expected = score(domain, tasks[task_id], completion, recipe.rewards)
             assert components == expected
@@ -89,6 +87,21 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         assert (tiny_workspace.root / v1.checkpoint / "config.json").is_file()  # type: ignore[operator]
         assert v0.val_n == config.domain.val_size
         assert 0.0 <= v1.val_greedy <= 1.0  # type: ignore[operator]
+
+        # The harness diagnosed every run as it ended, and the CLI printed the headline.
+        diagnosed = store.query("SELECT run_id, harness_revision FROM diagnoses ORDER BY run_id")
+        assert [r[0] for r in diagnosed] == ["v0-warmup-1", "v1-train-1"]
+        layers = store.query(
+            "SELECT DISTINCT layer FROM findings WHERE diagnosis_id = ? ORDER BY layer", [f"{run.id}-diagnosis"]
+        )
+        assert {"score", "signal", "version"} <= {r[0] for r in layers}
+        (dead,) = store.query_one(
+            "SELECT value FROM findings WHERE diagnosis_id = ? AND metric = 'signal.dead_group_ratio'",
+            [f"{run.id}-diagnosis"],
+        )
+        recomputed_dead = sum(v for _, v in recomputed) / len(recomputed)  # equal groups per step
+        assert dead == recomputed_dead or abs(dead - recomputed_dead) < 1e-9
+    assert f"diagnosis of {run.id}" in result.output
 
     listing = runner.invoke(app, ["versions", str(tiny_workspace.root)])
     assert listing.exit_code == 0 and "v0" in listing.output and "v1" in listing.output

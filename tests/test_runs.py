@@ -116,9 +116,7 @@ def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) 
     config = tiny_workspace.load_config()
     model, tokenizer = build_tiny_policy(config.policy.embedded, "0123456789+-=;:AQ\n", seed=5)
     save_policy(model, tokenizer, tiny_workspace.root / "my-model")
-    text = tiny_workspace.config_path.read_text().replace(
-        'kind = "embedded"', 'kind = "local"\npath = "my-model"'
-    )
+    text = tiny_workspace.config_path.read_text().replace('kind = "embedded"', 'kind = "local"\npath = "my-model"')
     tiny_workspace.config_path.write_text(text)
     commit_workspace_toml(tiny_workspace, "use a local model")
     with Engine(tiny_workspace, poll_seconds=0.1) as engine:

@@ -15,15 +15,11 @@ def tree(tmp_path: Path) -> VersionTree:
     return VersionTree.init(tmp_path)
 
 
-def test_child_branch_is_committed_without_touching_the_working_tree(
-    tree: VersionTree, tmp_path: Path
-) -> None:
+def test_child_branch_is_committed_without_touching_the_working_tree(tree: VersionTree, tmp_path: Path) -> None:
     tree.create_base("v0")
     (tmp_path / "scratch.txt").write_text("uncommitted work")
     head_before = tree.repo.head.commit.hexsha
-    sha = tree.create_child(
-        "v0", "v1", {"workspace.toml": "[recipe]\nlearning_rate = 5e-5\n"}, "v1: lower lr"
-    )
+    sha = tree.create_child("v0", "v1", {"workspace.toml": "[recipe]\nlearning_rate = 5e-5\n"}, "v1: lower lr")
 
     assert tree.repo.active_branch.name == "main" and tree.repo.head.commit.hexsha == head_before
     assert (tmp_path / "workspace.toml").read_text() == "[recipe]\nlearning_rate = 1e-4\n"

@@ -26,9 +26,7 @@ def make_domain(config: DomainConfig) -> Domain:
     raise ValueError(f"unknown domain {config.name!r}; available: {', '.join(_COMPONENTS)}")
 
 
-def score(
-    domain: Domain, task: Task, completion: str, weights: dict[str, float]
-) -> tuple[float, dict[str, float]]:
+def score(domain: Domain, task: Task, completion: str, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
     """Every reward component of a completion, and their weighted sum (components missing from
     `weights` are scored and logged with weight 0)."""
     components = {name: float(fn(task, completion)) for name, fn in domain.reward_components.items()}

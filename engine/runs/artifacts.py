@@ -155,7 +155,5 @@ def metric_rows(events: Sequence[dict[str, Any]]) -> list[tuple[int, str, float 
     for event in events:
         if event.get("type") == "metrics":
             step = int(event["step"])
-            rows.extend(
-                (step, key, None if value is None else float(value)) for key, value in event["values"].items()
-            )
+            rows.extend((step, key, None if value is None else float(value)) for key, value in event["values"].items())
     return rows

@@ -93,9 +93,7 @@ def evaluate(
     for k in range(sampled_seeds):
         # Fixed seeds: a version is always judged on the same draws.
         torch.manual_seed(seed * 1000 + k)
-        passes.append(
-            (sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature))
-        )
+        passes.append((sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature)))
     for batch, sample_idx, outputs in passes:
         for i, (task, (text, truncated, length)) in enumerate(zip(tasks, outputs, strict=True)):
             total, components = score(domain, task, text, weights)

@@ -58,9 +58,7 @@ class RolloutRecorder:
             scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
             self._pending[name] = scores
             if len(self._pending) == len(self.components):
-                self._flush(
-                    prompts, completions, completion_ids, task_id, kw["trainer_state"].global_step + 1
-                )
+                self._flush(prompts, completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
             return scores
 
         # TRL names the component's metrics (`rewards/<name>/mean`) after the function.

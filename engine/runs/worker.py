@@ -27,9 +27,7 @@ from engine.runs.recorder import RolloutRecorder
 from engine.runs.spec import RunSpec
 
 
-def _evaluate_and_log(
-    spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int
-) -> None:
+def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
     cfg = spec.config
     domain = make_domain(cfg.domain)
     result = evaluate(
@@ -55,9 +53,7 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     cfg = spec.config
     domain = make_domain(cfg.domain)
     if spec.model_in is None:
-        model, tokenizer = build_tiny_policy(
-            cfg.policy.embedded, domain.alphabet, seed=cfg.policy.warmup.seed
-        )
+        model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain.alphabet, seed=cfg.policy.warmup.seed)
         events.write("start", total_steps=cfg.policy.warmup.steps, parameters=model.num_parameters())
         every = max(1, cfg.policy.warmup.steps // 50)
 
@@ -146,9 +142,7 @@ class _EventCallback(TrainerCallback):
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         self.events.write("start", total_steps=state.max_steps)
 
-    def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any
-    ) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs:
             return
         values = {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}
@@ -159,12 +153,7 @@ class _EventCallback(TrainerCallback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         every = self.spec.config.recipe.eval_every
-        if (
-            every
-            and state.global_step % every == 0
-            and state.global_step < state.max_steps
-            and model is not None
-        ):
+        if every and state.global_step % every == 0 and state.global_step < state.max_steps and model is not None:
             _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, state.global_step)
 
 
@@ -174,9 +163,7 @@ def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     trainer.train()
     save_policy(trainer.model, trainer.processing_class, spec.model_out)
     events.write("checkpoint", path=str(spec.model_out), step=trainer.state.global_step)
-    _evaluate_and_log(
-        spec, run_dir, events, trainer.model, trainer.processing_class, trainer.state.global_step
-    )
+    _evaluate_and_log(spec, run_dir, events, trainer.model, trainer.processing_class, trainer.state.global_step)
 
 
 def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:

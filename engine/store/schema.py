@@ -92,6 +92,33 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, file)
     );
     """,
+    # 2: diagnoses and their findings.
+    """
+    CREATE TABLE diagnoses (
+        id               VARCHAR PRIMARY KEY,
+        version          VARCHAR NOT NULL,
+        run_id           VARCHAR NOT NULL,
+        harness_revision VARCHAR NOT NULL,   -- built-in version + hash of the workspace harness files
+        bottleneck       VARCHAR,            -- the first rule that fired, by severity then priority
+        rules            JSON NOT NULL,      -- every rule that fired, with explanation and evidence metrics
+        candidate_kinds  JSON NOT NULL,      -- intervention kinds the rules suggest
+        created_at       TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    CREATE TABLE findings (
+        diagnosis_id VARCHAR NOT NULL,
+        idx          INTEGER NOT NULL,
+        analyzer     VARCHAR NOT NULL,
+        provenance   VARCHAR NOT NULL,       -- built-in, workspace, proposed
+        layer        VARCHAR NOT NULL,       -- score, signal, behavior, version
+        metric       VARCHAR NOT NULL,
+        value        DOUBLE,
+        threshold    DOUBLE,
+        severity     VARCHAR NOT NULL,       -- info, warning, critical
+        explanation  VARCHAR NOT NULL,
+        evidence     JSON NOT NULL,          -- {"steps": [...], "rollouts": ["run/split/step/group/sample"]}
+        PRIMARY KEY (diagnosis_id, idx)
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -123,9 +123,7 @@ class Store:
         self.con.execute("COMMIT")
 
     # -- versions -----------------------------------------------------------------------------
-    def add_version(
-        self, name: str, parent: str | None, branch: str, commit_sha: str, state: str = "created"
-    ) -> None:
+    def add_version(self, name: str, parent: str | None, branch: str, commit_sha: str, state: str = "created") -> None:
         self.con.execute(
             "INSERT INTO versions (name, parent, branch, commit_sha, state) VALUES (?, ?, ?, ?, ?)",
             [name, parent, branch, commit_sha, state],
@@ -179,9 +177,7 @@ class Store:
         return out
 
     # -- runs -----------------------------------------------------------------------------------
-    def add_run(
-        self, id: str, version: str, kind: str, run_dir: str, config: dict[str, Any], total_steps: int
-    ) -> None:
+    def add_run(self, id: str, version: str, kind: str, run_dir: str, config: dict[str, Any], total_steps: int) -> None:
         self.con.execute(
             "INSERT INTO runs (id, version, kind, state, run_dir, config, total_steps)"
             " VALUES (?, ?, ?, 'queued', ?, ?, ?)",
@@ -220,9 +216,7 @@ class Store:
         return len(rows)
 
     def metric_series(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        return self.query(
-            "SELECT step, value FROM metrics WHERE run_id = ? AND key = ? ORDER BY step", [run_id, key]
-        )
+        return self.query("SELECT step, value FROM metrics WHERE run_id = ? AND key = ? ORDER BY step", [run_id, key])
 
     def ingest_rollout_files(self, run_id: str, files: Sequence[tuple[Path, str, int]]) -> int:
         """Append Parquet batches of rollouts (path, name relative to the run dir, rows) in one

@@ -1,0 +1,282 @@
+"""Behavior layer: what the policy does, read from the stored turn and tool-call traces.
+
+A trace (`rollouts.tool_calls`) is a JSON list of calls, each
+``{"turn": int, "tool": str, "args": str, "ok": bool, "files": [str]}``; tool names of the
+agentic protocol: search, read, edit, test, submit, git_log, git_show, git_diff. Domains without
+traces still get the trace-free analyzers (format violations, completion diversity).
+"""
+
+from __future__ import annotations
+
+from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
+
+TRACE_TYPE = '[{"turn": "INTEGER", "tool": "VARCHAR", "args": "VARCHAR", "ok": "BOOLEAN", "files": ["VARCHAR"]}]'
+HISTORY_TOOLS = ("git_log", "git_show", "git_diff")
+
+# One row per traced train rollout, every behavior feature computed with list functions.
+FEATURES_SQL = f"""
+WITH r AS (
+    SELECT step, group_id, sample_idx, reward, completion_length,
+           coalesce(reward_components['correctness'], reward) AS success,
+           from_json(tool_calls, '{TRACE_TYPE}') AS calls,
+           json_array_length(turns) AS n_turns
+    FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
+), t AS (
+    SELECT *, list_transform(calls, lambda c: c.tool) AS tools FROM r
+)
+SELECT step, group_id, sample_idx, reward, success, completion_length,
+       len(calls) AS n_calls,
+       coalesce(n_turns, list_max(list_transform(calls, lambda c: c.turn)) + 1, 0) AS n_turns,
+       tools,
+       len(list_filter(calls, lambda c: NOT c.ok)) AS n_failed,
+       len(list_filter(tools, lambda x: x = 'edit')) AS n_edits,
+       len(list_filter(calls, lambda c: c.tool = 'edit' AND NOT c.ok)) AS n_failed_edits,
+       -- list_position is NULL when absent; 0 keeps the comparisons below two-valued
+       coalesce(list_position(tools, 'search'), 0) AS first_search,
+       coalesce(list_position(tools, 'edit'), 0) AS first_edit,
+       list_contains(tools, 'test') AS tested,
+       list_has_any(tools, {list(HISTORY_TOOLS)}) AS used_history,
+       calls[list_position(tools, 'edit')].turn AS first_edit_turn,
+       list_sort(list_distinct(flatten(
+           list_transform(list_filter(calls, lambda c: c.tool = 'edit'), lambda c: c.files)
+       ))) AS edited_files,
+       coalesce(list_position(tools, 'edit'), 0) > 0
+           AND list_contains(list_slice(tools, list_position(tools, 'edit') + 1, len(tools)), 'test')
+           AS tested_after_edit
+FROM t
+"""
+
+
+def _features(ctx: Context) -> str | None:
+    if not ctx.has_traces():
+        return None
+    return ctx.materialize("behavior", FEATURES_SQL)
+
+
+@analyzer("tool_use", "behavior")
+def tool_use(ctx: Context) -> list[Finding]:
+    """Tool calls per rollout and per tool, tool-failure rate, and edit failures (> 15%: poor
+    edit quality)."""
+    f = _features(ctx)
+    if f is None:
+        return []
+    n, calls, failed, edits, failed_edits = ctx.q1(
+        f"SELECT count(*), sum(n_calls), sum(n_failed), sum(n_edits), sum(n_failed_edits) FROM {f}"
+    )
+    out = [
+        Finding("behavior.tool_calls_per_rollout", calls / n, "info", f"{calls / n:.2f} tool calls per rollout"),
+        Finding(
+            "behavior.tool_failure_rate",
+            failed / calls if calls else 0.0,
+            "info",
+            f"{failed} of {calls} tool calls failed",
+        ),
+    ]
+    for tool, count in ctx.q(f"SELECT tool, count(*) FROM (SELECT unnest(tools) AS tool FROM {f}) GROUP BY tool"):
+        out.append(Finding(f"behavior.tool.{tool}", count / n, "info", f"{tool}: {count / n:.2f} per rollout"))
+    rate = failed_edits / edits if edits else None
+    out.append(
+        Finding(
+            "behavior.edit_failure_rate",
+            rate,
+            severity_above(rate, 0.15),
+            f"{failed_edits} of {edits} edits failed" if edits else "no edits",
+            threshold=0.15,
+        )
+    )
+    return out
+
+
+@analyzer("habits", "behavior")
+def habits(ctx: Context) -> list[Finding]:
+    """Self-test rate (< 50% warning), search-before-edit and edit-then-test rates, first-edit turn."""
+    f = _features(ctx)
+    if f is None:
+        return []
+    self_test, search_first, test_after, first_edit_turn = ctx.q1(
+        f"""
+        SELECT avg(tested::INT),
+               avg((first_search > 0 AND first_search < first_edit)::INT) FILTER (WHERE first_edit > 0),
+               avg(tested_after_edit::INT) FILTER (WHERE first_edit > 0),
+               avg(first_edit_turn) FILTER (WHERE first_edit > 0)
+        FROM {f}
+        """
+    )
+    return [
+        Finding(
+            "behavior.self_test_rate",
+            self_test,
+            severity_below(self_test, 0.5),
+            f"{self_test:.0%} of rollouts ran the tests",
+            threshold=0.5,
+        ),
+        Finding(
+            "behavior.search_before_edit_rate",
+            search_first,
+            "info",
+            "share of editing rollouts that searched first",
+        ),
+        Finding(
+            "behavior.edit_then_test_rate",
+            test_after,
+            "info",
+            "share of editing rollouts that tested after editing",
+        ),
+        Finding("behavior.first_edit_turn", first_edit_turn, "info", "mean turn of the first edit"),
+    ]
+
+
+@analyzer("turns", "behavior")
+def turns(ctx: Context) -> list[Finding]:
+    """Turns per episode: mean < 5 is giving up, > 50 an echo trap; first vs last window."""
+    f = _features(ctx)
+    if f is None:
+        return []
+    mean, first, last = ctx.q1(
+        f"""
+        WITH b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM {f})
+        SELECT avg(n_turns), avg(n_turns) FILTER (WHERE step < (SELECT first_cut FROM b)),
+               avg(n_turns) FILTER (WHERE step > (SELECT last_cut FROM b))
+        FROM {f}
+        """
+    )
+    severity = "critical" if mean < 5 or mean > 50 else "info"
+    why = "giving up" if mean < 5 else "echo trap" if mean > 50 else "in range"
+    return [
+        Finding("behavior.turns_mean", mean, severity, f"{mean:.1f} turns per episode ({why})", threshold=5.0),
+        Finding(
+            "behavior.turns_trend",
+            last / first if first else None,
+            "info",
+            f"turns {first:.1f} -> {last:.1f} (first -> last window)",
+        ),
+    ]
+
+
+@analyzer("solution_diversity", "behavior")
+def solution_diversity(ctx: Context) -> Finding | None:
+    """1 - mean pairwise Jaccard similarity of the edited-file sets within a group (< 15% warning)."""
+    f = _features(ctx)
+    if f is None:
+        return None
+    (similarity,) = ctx.q1(
+        f"""
+        SELECT avg(CASE WHEN len(list_distinct(list_concat(a.edited_files, b.edited_files))) = 0 THEN 1.0
+                        ELSE len(list_intersect(a.edited_files, b.edited_files))
+                             / len(list_distinct(list_concat(a.edited_files, b.edited_files))) END)
+        FROM {f} a JOIN {f} b
+          ON a.step = b.step AND a.group_id = b.group_id AND a.sample_idx < b.sample_idx
+        """
+    )
+    if similarity is None:
+        return None
+    diversity = 1 - similarity
+    return Finding(
+        "behavior.solution_diversity",
+        diversity,
+        severity_below(diversity, 0.15),
+        f"solution diversity {diversity:.2f} (1 - mean pairwise Jaccard of edited files)",
+        threshold=0.15,
+    )
+
+
+@analyzer("history_use", "behavior")
+def history_use(ctx: Context) -> list[Finding]:
+    """Use of history commands (git log/show/diff) and success with vs without them (a large
+    gap means success may come from reading the answer out of history: a leak)."""
+    f = _features(ctx)
+    if f is None:
+        return []
+    share, with_history, without, n_with = ctx.q1(
+        f"""
+        SELECT avg(used_history::INT), avg(success) FILTER (WHERE used_history),
+               avg(success) FILTER (WHERE NOT used_history), count(*) FILTER (WHERE used_history)
+        FROM {f}
+        """
+    )
+    examples = ctx.q(
+        f"""SELECT concat_ws('/', $run, 'train', step, group_id, sample_idx) FROM {f}
+            WHERE used_history AND success > 0 ORDER BY step DESC LIMIT 5"""
+    )
+    gap = (with_history - without) if with_history is not None and without is not None else None
+    return [
+        Finding("behavior.history_use_rate", share, "info", f"{share:.1%} of rollouts used history commands"),
+        Finding(
+            "behavior.history_success_gap",
+            gap,
+            "info",
+            f"success {with_history:.2f} with history commands ({n_with} rollouts) vs {without:.2f} without"
+            if gap is not None
+            else "history commands used by all or none",
+            rollouts=tuple(r[0] for r in examples),
+        ),
+    ]
+
+
+@analyzer("behavior_by_outcome", "behavior")
+def behavior_by_outcome(ctx: Context) -> list[Finding]:
+    """Tool calls and self-testing in successful vs failed rollouts."""
+    f = _features(ctx)
+    if f is None:
+        return []
+    rows = ctx.q(f"SELECT success > 0, avg(n_calls), avg(tested::INT), count(*) FROM {f} GROUP BY 1 ORDER BY 1")
+    return [
+        Finding(
+            f"behavior.{'success' if ok else 'failure'}.tool_calls",
+            calls,
+            "info",
+            f"{'successful' if ok else 'failed'} rollouts ({n}): {calls:.2f} tool calls, {tested:.0%} tested",
+        )
+        for ok, calls, tested, n in rows
+    ]
+
+
+@analyzer("format", "behavior")
+def format_violations(ctx: Context) -> Finding | None:
+    """Share of train completions failing the domain's format check (warning > 20%)."""
+    row = ctx.q1(
+        """SELECT avg((reward_components['format'] = 0)::INT) FROM rollouts
+           WHERE run_id = $run AND split = 'train' AND reward_components['format'] IS NOT NULL"""
+    )
+    if not row or row[0] is None:
+        return None
+    examples = ctx.q(
+        """SELECT concat_ws('/', run_id, split, step, group_id, sample_idx) FROM rollouts
+           WHERE run_id = $run AND split = 'train' AND reward_components['format'] = 0
+           ORDER BY step DESC LIMIT 5"""
+    )
+    return Finding(
+        "behavior.format_violation_rate",
+        row[0],
+        severity_above(row[0], 0.2),
+        f"{row[0]:.1%} of completions fail the format check",
+        threshold=0.2,
+        rollouts=tuple(r[0] for r in examples),
+    )
+
+
+@analyzer("completion_diversity", "behavior")
+def completion_diversity(ctx: Context) -> list[Finding]:
+    """Distinct completions per group (1.0: all different), first vs last window."""
+    row = ctx.q1(
+        """
+        WITH g AS (SELECT step, count(DISTINCT completion) / count(*) AS d FROM rollouts
+                   WHERE run_id = $run AND split = 'train' GROUP BY step, group_id),
+             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM g)
+        SELECT avg(d), avg(d) FILTER (WHERE step < (SELECT first_cut FROM b)),
+               avg(d) FILTER (WHERE step > (SELECT last_cut FROM b))
+        FROM g
+        """
+    )
+    if not row or row[0] is None:
+        return []
+    mean, first, last = row
+    return [
+        Finding("behavior.completion_diversity", mean, "info", f"{mean:.2f} distinct completions per group sample"),
+        Finding(
+            "behavior.completion_diversity_trend",
+            last - first,
+            "info",
+            f"completion diversity {first:.2f} -> {last:.2f} (first -> last window)",
+        ),
+    ]

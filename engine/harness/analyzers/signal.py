@@ -1,0 +1,254 @@
+"""Signal layer: is there a learning signal, and what is the optimizer doing with it?
+
+Thresholds are the defaults of the public EvoTrainer playbook.
+"""
+
+from __future__ import annotations
+
+from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
+
+DEAD_STD = 1e-3  # a group whose reward std is below this gives GRPO no advantage
+
+_GROUPS = f"""
+    WITH g AS (
+        SELECT step, group_id, stddev_pop(reward) AS spread, stddev_pop(reward) < {DEAD_STD} AS dead
+        FROM rollouts WHERE run_id = $run AND split = 'train'
+        GROUP BY step, group_id
+    ), last AS (SELECT max(step) - $window AS cut FROM g)
+"""
+
+
+@analyzer("dead_groups", "signal")
+def dead_groups(ctx: Context) -> list[Finding]:
+    """Share of GRPO groups whose reward std < 1e-3, over the run and over its last window."""
+    overall, recent, n_groups = ctx.q1(
+        _GROUPS + "SELECT avg(dead::INT), avg(dead::INT) FILTER (WHERE step > (SELECT cut FROM last)), count(*) FROM g"
+    )
+    if not n_groups:
+        return []
+    worst = ctx.q(_GROUPS + "SELECT step FROM g GROUP BY step ORDER BY avg(dead::INT) DESC, step LIMIT 5")
+    examples = ctx.q(
+        _GROUPS
+        + """SELECT concat_ws('/', $run, 'train', g.step, g.group_id, 0) FROM g
+             WHERE dead ORDER BY g.step DESC, g.group_id LIMIT 5"""
+    )
+    return [
+        Finding(
+            "signal.dead_group_ratio",
+            overall,
+            severity_above(recent, 0.3, 0.5),
+            f"{overall:.0%} of {n_groups} groups had no reward spread (last window {recent:.0%})",
+            threshold=0.3,
+            steps=tuple(r[0] for r in worst),
+            rollouts=tuple(r[0] for r in examples),
+        ),
+        Finding("signal.dead_group_ratio_recent", recent, severity_above(recent, 0.3, 0.5), threshold=0.3),
+    ]
+
+
+@analyzer("reward_spread", "signal")
+def reward_spread(ctx: Context) -> Finding | None:
+    """Mean within-group reward std (warning below 0.05)."""
+    (spread,) = ctx.q1(_GROUPS + "SELECT avg(spread) FROM g") or (None,)
+    if spread is None:
+        return None
+    return Finding(
+        "signal.reward_spread",
+        spread,
+        severity_below(spread, 0.05),
+        f"mean within-group reward std {spread:.3f}",
+        threshold=0.05,
+    )
+
+
+@analyzer("reward_components", "signal")
+def reward_components(ctx: Context) -> list[Finding]:
+    """Mean, std and distinct values of every reward component, and the share of the most common
+    total reward (one discrete value dominating means little signal)."""
+    rows = ctx.q(
+        """
+        SELECT e.key, avg(e.value), stddev_pop(e.value), count(DISTINCT e.value)
+        FROM (SELECT unnest(map_entries(reward_components)) AS e FROM rollouts
+              WHERE run_id = $run AND split = 'train')
+        GROUP BY e.key ORDER BY e.key
+        """
+    )
+    out = [
+        Finding(
+            f"signal.component.{key}.mean",
+            mean,
+            "info",
+            f"{key}: mean {mean:.3f}, std {std:.3f}, {distinct} distinct value(s)",
+        )
+        for key, mean, std, distinct in rows
+    ]
+    mode = ctx.q1(
+        """
+        SELECT max(n) / sum(n), arg_max(reward, n) FROM (
+            SELECT reward, count(*) AS n FROM rollouts WHERE run_id = $run AND split = 'train' GROUP BY reward
+        )
+        """
+    )
+    if mode and mode[0] is not None:
+        out.append(
+            Finding(
+                "signal.reward_mode_share",
+                mode[0],
+                severity_above(mode[0], 0.8),
+                f"{mode[0]:.0%} of train rollouts have the same total reward ({mode[1]:g})",
+                threshold=0.8,
+            )
+        )
+    return out
+
+
+@analyzer("truncation", "signal")
+def truncation(ctx: Context) -> Finding | None:
+    """Share of train completions cut by max_completion_length (warning > 15%, critical > 30%)."""
+    rate, recent = ctx.q1(
+        """
+        SELECT avg(truncated::INT),
+               avg(truncated::INT) FILTER (WHERE step > (SELECT max(step) FROM rollouts
+                                                          WHERE run_id = $run AND split = 'train') - $window)
+        FROM rollouts WHERE run_id = $run AND split = 'train'
+        """
+    ) or (None, None)
+    if rate is None:
+        return None
+    examples = ctx.q(
+        """SELECT concat_ws('/', run_id, split, step, group_id, sample_idx) FROM rollouts
+           WHERE run_id = $run AND split = 'train' AND truncated ORDER BY step DESC LIMIT 5"""
+    )
+    return Finding(
+        "signal.truncation_rate",
+        rate,
+        severity_above(recent, 0.15, 0.30),
+        f"{rate:.1%} of completions truncated (last window {recent:.1%})",
+        threshold=0.15,
+        rollouts=tuple(r[0] for r in examples),
+    )
+
+
+@analyzer("length_dynamics", "signal")
+def length_dynamics(ctx: Context) -> list[Finding]:
+    """Completion length: P50/P90, first vs last window, and its correlation with reward
+    (corr > 0.3 = the policy may be paid for length)."""
+    row = ctx.q1(
+        """
+        WITH r AS (SELECT * FROM rollouts WHERE run_id = $run AND split = 'train'),
+             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM r)
+        SELECT quantile_cont(completion_length, 0.5), quantile_cont(completion_length, 0.9),
+               avg(completion_length) FILTER (WHERE step < (SELECT first_cut FROM b)),
+               avg(completion_length) FILTER (WHERE step > (SELECT last_cut FROM b)),
+               corr(completion_length, reward)
+        FROM r
+        """
+    )
+    if not row or row[0] is None:
+        return []
+    p50, p90, first, last, corr = row
+    return [
+        Finding("signal.length_p50", p50, "info", f"completion length P50 {p50:.0f}, P90 {p90:.0f} tokens"),
+        Finding("signal.length_p90", p90, "info"),
+        Finding(
+            "signal.length_trend",
+            (last / first) if first else None,
+            "info",
+            f"mean completion length {first:.1f} -> {last:.1f} tokens (first -> last window)",
+        ),
+        Finding(
+            "signal.length_reward_corr",
+            corr,
+            severity_above(corr, 0.3),
+            f"corr(length, reward) = {corr:.2f}" if corr is not None else "length or reward constant",
+            threshold=0.3,
+        ),
+    ]
+
+
+def _trend(ctx: Context, key: str) -> tuple[float | None, float | None]:
+    row = ctx.q1(
+        """
+        WITH m AS (SELECT step, value FROM metrics WHERE run_id = $run AND key = $key AND value IS NOT NULL),
+             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM m)
+        SELECT avg(value) FILTER (WHERE step < (SELECT first_cut FROM b)),
+               avg(value) FILTER (WHERE step > (SELECT last_cut FROM b))
+        FROM m
+        """,
+        {"key": key},
+    )
+    return (row[0], row[1]) if row else (None, None)
+
+
+@analyzer("optimizer", "signal")
+def optimizer(ctx: Context) -> list[Finding]:
+    """Entropy collapse, KL spikes, clipping, loss stuck at zero, and the reward trend."""
+    keys = ctx.metric_keys()
+    out: list[Finding] = []
+    if "entropy" in keys:
+        first, last = _trend(ctx, "entropy")
+        ratio = last / first if first else None
+        out.append(
+            Finding(
+                "signal.entropy_ratio",
+                ratio,
+                severity_below(ratio, 0.5, 0.2),
+                f"entropy {first:.3f} -> {last:.3f} (first -> last window)" if first and last is not None else "",
+                threshold=0.5,
+            )
+        )
+    if "kl" in keys:
+        spike = ctx.q1(
+            """SELECT max(value), median(value), arg_max(step, value) FROM metrics
+               WHERE run_id = $run AND key = 'kl'"""
+        )
+        peak, median, at = spike
+        ratio = peak / median if median else None
+        out.append(
+            Finding(
+                "signal.kl_spike",
+                ratio,
+                severity_above(ratio, 5.0),
+                f"KL peaks at {peak:.4f} (step {at}), {ratio:.1f}x its median" if ratio else "KL flat",
+                threshold=5.0,
+                steps=(at,) if at is not None else (),
+            )
+        )
+    if "clip_ratio/region_mean" in keys:
+        (clip,) = ctx.q1("SELECT avg(value) FROM metrics WHERE run_id = $run AND key = 'clip_ratio/region_mean'")
+        out.append(Finding("signal.clip_ratio", clip, severity_above(clip, 0.2), f"mean clipped share {clip:.3f}", 0.2))
+    if "loss" in keys:
+        # Dead training: the last window's loss and gradient are both zero.
+        stuck = ctx.q1(
+            """
+            WITH b AS (SELECT max(step) - $window AS cut FROM metrics WHERE run_id = $run)
+            SELECT max(abs(value)) FILTER (WHERE key = 'loss'), max(abs(value)) FILTER (WHERE key = 'grad_norm')
+            FROM metrics WHERE run_id = $run AND step > (SELECT cut FROM b)
+            """
+        )
+        loss, grad = stuck
+        dead = loss is not None and loss < 1e-8 and (grad is None or grad < 1e-8)
+        out.append(
+            Finding(
+                "signal.loss_stuck_at_zero",
+                1.0 if dead else 0.0,
+                "critical" if dead else "info",
+                "loss and gradient are zero in the last window: nothing is being learned" if dead else "",
+            )
+        )
+    if "reward" in keys:
+        first, last = _trend(ctx, "reward")
+        if first is not None and last is not None:
+            out.append(Finding("signal.reward_trend", last - first, "info", f"reward {first:.3f} -> {last:.3f}"))
+    if "filter/keep_ratio" in keys:
+        (keep,) = ctx.q1("SELECT avg(value) FROM metrics WHERE run_id = $run AND key = 'filter/keep_ratio'")
+        out.append(
+            Finding(
+                "signal.filter_keep_ratio",
+                keep,
+                severity_below(keep, 0.3),
+                f"the group filter kept {keep:.0%} of groups",
+                threshold=0.3,
+            )
+        )
+    return out

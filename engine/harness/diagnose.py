@@ -1,0 +1,140 @@
+"""Diagnosing a run: every analyzer, then every rule, into one stored diagnosis."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine.config import WorkspaceConfig
+from engine.harness.base import SEVERITY_RANK, Context, Finding, Findings, RuleResult
+from engine.harness.loader import Harness, broken, load_harness
+from engine.store import RunRecord, Store, VersionRecord
+
+
+@dataclass
+class Diagnosis:
+    id: str
+    version: str
+    run_id: str
+    harness_revision: str
+    findings: list[Finding]
+    fired: list[RuleResult] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> RuleResult | None:
+        return self.fired[0] if self.fired else None
+
+    @property
+    def candidate_kinds(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for result in self.fired:
+            seen.update(dict.fromkeys(result.candidate_kinds))
+        return list(seen)
+
+    def headline(self, limit: int = 5) -> list[str]:
+        """The lines a person reads first: the bottleneck, the other rules, the worst findings."""
+        lines = []
+        if self.bottleneck is not None:
+            lines.append(
+                f"bottleneck: {self.bottleneck.rule} ({self.bottleneck.severity}): {self.bottleneck.explanation}"
+            )
+        lines += [f"rule {r.rule} ({r.severity}): {r.explanation}" for r in self.fired[1:]]
+        worst = sorted((f for f in self.findings if f.severity != "info"), key=lambda f: -SEVERITY_RANK[f.severity])
+        lines += [f"{f.severity}: {f.metric}: {f.explanation}" for f in worst]
+        if not lines:
+            lines.append("no rule fired and no finding above info")
+        return lines[:limit]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "version": self.version,
+            "run_id": self.run_id,
+            "harness_revision": self.harness_revision,
+            "bottleneck": self.bottleneck.rule if self.bottleneck else None,
+            "rules": [r.to_dict() for r in self.fired],
+            "candidate_kinds": self.candidate_kinds,
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def diagnose(
+    store: Store,
+    run: RunRecord,
+    version: VersionRecord,
+    config: WorkspaceConfig,
+    workspace_root: Path | None = None,
+    harness: Harness | None = None,
+    window: int | None = None,
+) -> Diagnosis:
+    harness = harness or load_harness(workspace_root)
+    steps = run.total_steps or 0
+    ctx = Context(store, run, version, config, window=window or max(1, min(10, steps // 5)))
+    findings = list(harness.problems)
+    try:
+        for a in harness.analyzers:
+            try:
+                findings += a.run(ctx)
+            except Exception as exc:  # noqa: BLE001 - one broken analyzer never sinks the diagnosis
+                if a.provenance == "built-in":
+                    raise
+                findings.append(broken("analyzer", a.name, Path(a.source), exc))
+        view = Findings(findings)
+        fired = []
+        for r in sorted(harness.rules, key=lambda r: r.priority):
+            try:
+                result = r.evaluate(view, ctx)
+            except Exception as exc:  # noqa: BLE001
+                if r.provenance == "built-in":
+                    raise
+                findings.append(broken("rule", r.name, Path(r.source), exc))
+                continue
+            if result is not None:
+                fired.append(result)
+    finally:
+        ctx.close()
+    # The bottleneck is the most severe rule that fired, ties broken by priority.
+    fired.sort(key=lambda r: -SEVERITY_RANK[r.severity])
+    return Diagnosis(f"{run.id}-diagnosis", version.name, run.id, harness.revision, findings, fired)
+
+
+def store_diagnosis(store: Store, diagnosis: Diagnosis) -> None:
+    """Replace any earlier diagnosis of the same run (re-diagnosing with an evolved harness)."""
+    with store.transaction():
+        store.con.execute("DELETE FROM findings WHERE diagnosis_id = ?", [diagnosis.id])
+        store.con.execute("DELETE FROM diagnoses WHERE id = ?", [diagnosis.id])
+        store.con.execute(
+            "INSERT INTO diagnoses (id, version, run_id, harness_revision, bottleneck, rules, candidate_kinds)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                diagnosis.id,
+                diagnosis.version,
+                diagnosis.run_id,
+                diagnosis.harness_revision,
+                diagnosis.bottleneck.rule if diagnosis.bottleneck else None,
+                json.dumps([r.to_dict() for r in diagnosis.fired]),
+                json.dumps(diagnosis.candidate_kinds),
+            ],
+        )
+        if diagnosis.findings:
+            store.con.executemany(
+                "INSERT INTO findings VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    [
+                        diagnosis.id,
+                        i,
+                        f.analyzer,
+                        f.provenance,
+                        f.layer,
+                        f.metric,
+                        f.value,
+                        f.threshold,
+                        f.severity,
+                        f.explanation,
+                        json.dumps({"steps": list(f.steps), "rollouts": list(f.rollouts)}),
+                    ]
+                    for i, f in enumerate(diagnosis.findings)
+                ],
+            )

@@ -1,0 +1,172 @@
+"""Built-in rules: each combines findings into a named, explained statement about the bottleneck
+and names the kinds of intervention worth proposing. Priority orders them when several fire."""
+
+from __future__ import annotations
+
+from engine.harness.base import Context, Findings, RuleResult, rule
+
+
+@rule(
+    "leak",
+    priority=1,
+    candidate_kinds=("environment: remove the answer from history", "evaluation: clean protocol"),
+)
+def leak(f: Findings, ctx: Context) -> RuleResult | None:
+    """Success concentrates in rollouts that read history: the score may not be the skill."""
+    share, gap = f.value("behavior.history_use_rate"), f.value("behavior.history_success_gap")
+    if share is None or gap is None or share < 0.05 or gap < 0.3:
+        return None
+    return RuleResult(
+        f"{share:.0%} of rollouts used history commands and they succeed {gap:+.2f} more often: "
+        "the policy may be copying the fix from history",
+        "critical",
+        ("behavior.history_use_rate", "behavior.history_success_gap"),
+    )
+
+
+@rule(
+    "dead_training",
+    priority=2,
+    candidate_kinds=("optimizer: learning_rate", "reward: continuous correctness"),
+)
+def dead_training(f: Findings, ctx: Context) -> RuleResult | None:
+    """Nothing is learned: loss and gradient stuck at zero, or (almost) every group dead."""
+    stuck = f.value("signal.loss_stuck_at_zero", 0.0) == 1.0
+    dead = f.value("signal.dead_group_ratio_recent", 0.0) or 0.0
+    if not stuck and dead < 0.95:
+        return None
+    why = "loss and gradient are zero" if stuck else f"{dead:.0%} of recent groups have no reward spread"
+    return RuleResult(f"dead training: {why}", "critical", ("signal.loss_stuck_at_zero", "signal.dead_group_ratio"))
+
+
+@rule(
+    "insufficient_signal",
+    priority=3,
+    candidate_kinds=(
+        "reward: continuous correctness",
+        "reward: add a judge or auxiliary signal",
+        "data: drop hopeless prompts",
+    ),
+)
+def insufficient_signal(f: Findings, ctx: Context) -> RuleResult | None:
+    """Many dead groups and one reward value dominating: GRPO has few advantages to learn from."""
+    dead, mode = f.value("signal.dead_group_ratio"), f.value("signal.reward_mode_share")
+    if dead is None or mode is None or dead <= 0.3 or mode <= 0.6:
+        return None
+    return RuleResult(
+        f"{dead:.0%} of groups are dead and {mode:.0%} of rollouts share one reward value: "
+        "make the reward continuous or add a signal",
+        "critical" if dead > 0.5 else "warning",
+        ("signal.dead_group_ratio", "signal.reward_mode_share"),
+    )
+
+
+@rule("reward_hacking", priority=4, candidate_kinds=("reward: remove or cap the shaped component",))
+def reward_hacking(f: Findings, ctx: Context) -> RuleResult | None:
+    """The shaped total reward rises while binary correctness is flat or falling."""
+    reward, correct = f.value("signal.reward_trend"), f.value("score.train_correctness_trend")
+    if reward is None or correct is None or reward < 0.05 or correct > 0.01:
+        return None
+    return RuleResult(
+        f"total reward {reward:+.3f} while correctness {correct:+.3f}: the policy is paid for something else",
+        "critical",
+        ("signal.reward_trend", "score.train_correctness_trend"),
+    )
+
+
+@rule("exploration_collapse", priority=5, candidate_kinds=("optimizer: temperature", "optimizer: epsilon_high"))
+def exploration_collapse(f: Findings, ctx: Context) -> RuleResult | None:
+    """Entropy collapses while samples of a group become alike (or solution diversity is low)."""
+    entropy = f.value("signal.entropy_ratio")
+    diversity_drop = f.value("behavior.completion_diversity_trend", 0.0) or 0.0
+    low_solutions = f.at_least("behavior.solution_diversity", "warning")
+    if entropy is None or entropy >= 0.5 or not (diversity_drop < -0.1 or low_solutions):
+        return None
+    return RuleResult(
+        f"entropy fell to {entropy:.0%} of its start and group samples became alike",
+        "critical",
+        ("signal.entropy_ratio", "behavior.completion_diversity_trend", "behavior.solution_diversity"),
+    )
+
+
+@rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))
+def truncation(f: Findings, ctx: Context) -> RuleResult | None:
+    """Completions hit the length budget often enough to cost reward."""
+    finding = f.get("signal.truncation_rate")
+    if finding is None or finding.severity == "info":
+        return None
+    return RuleResult(
+        f"{finding.value:.0%} of completions are truncated", finding.severity, ("signal.truncation_rate",)
+    )
+
+
+@rule("format_gate", priority=7, candidate_kinds=("reward: format weight", "reward: format gate"))
+def format_gate(f: Findings, ctx: Context) -> RuleResult | None:
+    """Many completions fail the format check, so correct answers go unrewarded."""
+    finding = f.get("behavior.format_violation_rate")
+    if finding is None or finding.severity == "info":
+        return None
+    return RuleResult(
+        f"{finding.value:.0%} of completions fail the format check",
+        "warning",
+        ("behavior.format_violation_rate",),
+    )
+
+
+@rule("length_gaming", priority=8, candidate_kinds=("reward: length penalty", "optimizer: loss_type"))
+def length_gaming(f: Findings, ctx: Context) -> RuleResult | None:
+    """Reward correlates with length and length grows: the policy may be paid for being long."""
+    corr, growth = f.value("signal.length_reward_corr"), f.value("signal.length_trend")
+    if corr is None or corr <= 0.3 or growth is None or growth <= 1.1:
+        return None
+    return RuleResult(
+        f"corr(length, reward) {corr:.2f} and length x{growth:.2f}",
+        "warning",
+        ("signal.length_reward_corr", "signal.length_trend"),
+    )
+
+
+@rule("over_filtering", priority=9, candidate_kinds=("filter: lower the std threshold",))
+def over_filtering(f: Findings, ctx: Context) -> RuleResult | None:
+    keep = f.value("signal.filter_keep_ratio")
+    if keep is None or keep >= 0.3:
+        return None
+    return RuleResult(f"the group filter keeps only {keep:.0%} of groups", "warning", ("signal.filter_keep_ratio",))
+
+
+@rule("echo_trap", priority=10, candidate_kinds=("budget: max turns", "environment: observation format"))
+def echo_trap(f: Findings, ctx: Context) -> RuleResult | None:
+    """Episodes get longer and longer (or exceed 50 turns): the policy repeats itself."""
+    mean, trend = f.value("behavior.turns_mean"), f.value("behavior.turns_trend")
+    if mean is None or not (mean > 50 or (trend is not None and trend > 1.5)):
+        return None
+    return RuleResult(
+        f"{mean:.1f} turns per episode, x{trend or 1:.2f} over the run", "warning", ("behavior.turns_mean",)
+    )
+
+
+@rule(
+    "laziness",
+    priority=11,
+    candidate_kinds=("reward: edit-then-test component", "reward: search-before-edit"),
+)
+def laziness(f: Findings, ctx: Context) -> RuleResult | None:
+    """Fewer tool calls and self-tests, and no gain in correctness."""
+    self_test = f.at_least("behavior.self_test_rate", "warning")
+    giving_up = f.at_least("behavior.turns_mean", "critical") and (f.value("behavior.turns_mean") or 99) < 5
+    gain = f.value("score.train_correctness_trend", 0.0) or 0.0
+    if not (self_test or giving_up) or gain > 0.02:
+        return None
+    return RuleResult(
+        "the policy tests little or gives up early and correctness does not improve",
+        "warning",
+        ("behavior.self_test_rate", "behavior.turns_mean", "score.train_correctness_trend"),
+    )
+
+
+@rule("poor_edit_quality", priority=12, candidate_kinds=("environment: edit tool feedback", "data: easier bugs"))
+def poor_edit_quality(f: Findings, ctx: Context) -> RuleResult | None:
+    finding = f.get("behavior.edit_failure_rate")
+    if finding is None or finding.severity == "info":
+        return None
+    return RuleResult(f"{finding.value:.0%} of edits fail", "warning", ("behavior.edit_failure_rate",))

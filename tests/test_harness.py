@@ -1,0 +1,245 @@
+"""Every analyzer and rule on constructed runs; expected values are derived here, by hand."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.store import Store
+from tests.harness_data import Rollout, RunBuilder, call, fired, severity, value
+
+R = Rollout
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    with Store(tmp_path / "evo.duckdb") as s:
+        yield s
+
+
+def live(n: int = 8) -> list[Rollout]:
+    return [R(reward=float(i % 2)) for i in range(n)]
+
+
+def dead(n: int = 8, reward: float = 0.0) -> list[Rollout]:
+    return [R(reward=reward) for _ in range(n)]
+
+
+def test_dead_group_ratio_and_insufficient_signal(store: Store) -> None:
+    # 3 of 8 groups without spread -> 0.375; the last window (step 2) holds 2 of 4 -> 0.5.
+    b = RunBuilder(store).step(1, [dead(), live(), live(), live()]).step(2, [dead(), dead(), live(), live()])
+    rewards = [row["reward"] for row in b.rows]
+    d = b.diagnose(steps=2)
+    assert value(d, "signal.dead_group_ratio") == pytest.approx(3 / 8)
+    assert value(d, "signal.dead_group_ratio_recent") == pytest.approx(2 / 4)
+    assert severity(d, "signal.dead_group_ratio") == "warning"  # recent 0.5 is not above 0.5
+    # 12 + 8 zeros in step 1, 8 + 8 + 8 in step 2: 44 of 64 share reward 0 (> 0.6), dead 0.375 > 0.3.
+    assert value(d, "signal.reward_mode_share") == pytest.approx(rewards.count(0.0) / len(rewards)) == 44 / 64
+    assert "insufficient_signal" in fired(d)
+    # Evidence names dead groups and the steps with most of them.
+    (f,) = [f for f in d.findings if f.metric == "signal.dead_group_ratio"]
+    assert f.steps[0] == 2 and "v1-train-1/train/2/0/0" in f.rollouts
+
+
+def test_insufficient_signal_stays_silent_with_live_groups(store: Store) -> None:
+    d = RunBuilder(store).step(1, [dead(), live(), live(), live()]).diagnose(steps=1)
+    assert value(d, "signal.dead_group_ratio") == pytest.approx(0.25)
+    assert "insufficient_signal" not in fired(d)
+
+
+def test_reward_spread_is_the_mean_within_group_std(store: Store) -> None:
+    groups = [[R(reward=x) for x in g] for g in ([0, 1, 1, 1], [0, 0, 0, 0], [0.5, 0.1, 0.3, 0.9])]
+    d = RunBuilder(store).step(1, groups).diagnose(steps=1)
+    expected = statistics.mean(statistics.pstdev(r.reward for r in g) for g in groups)
+    assert value(d, "signal.reward_spread") == pytest.approx(expected)
+
+
+def test_truncation_rule_fires_above_15_percent_only(store: Store) -> None:
+    group = [R(reward=float(i % 2), truncated=i < 5) for i in range(16)]  # 5 of 16
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    assert value(d, "signal.truncation_rate") == pytest.approx(5 / 16)
+    assert severity(d, "signal.truncation_rate") == "critical" and "truncation" in fired(d)
+    other = RunBuilder(store, run_id="v1-train-2").step(
+        1, [[R(reward=float(i % 2), truncated=i < 2) for i in range(16)]]
+    )
+    assert "truncation" not in fired(other.diagnose(steps=1))
+
+
+def test_length_gaming_needs_correlation_and_growth(store: Store) -> None:
+    rng = np.random.default_rng(0)
+    first = [R(reward=float(r), length=int(10 + 5 * r)) for r in rng.integers(0, 2, 16)]
+    last = [R(reward=float(r), length=int(20 + 10 * r)) for r in rng.integers(0, 2, 16)]
+    d = RunBuilder(store).step(1, [first]).step(2, [last]).diagnose(steps=2)
+    rewards = [r.reward for r in first + last]
+    lengths = [r.length for r in first + last]
+    assert value(d, "signal.length_reward_corr") == pytest.approx(np.corrcoef(lengths, rewards)[0, 1])
+    assert value(d, "signal.length_trend") == pytest.approx(
+        np.mean([r.length for r in last]) / np.mean([r.length for r in first])
+    )
+    assert "length_gaming" in fired(d)
+
+
+def test_reward_hacking_and_its_honest_counterpart(store: Store) -> None:
+    # Shaped reward (format) rises, correctness stays at 0.5 -> hacking.
+    def step_rows(fmt: float) -> list[Rollout]:
+        return [R(reward=(i % 2) + 0.5 * fmt, correctness=float(i % 2), format=fmt) for i in range(8)]
+
+    b = RunBuilder(store).step(1, [step_rows(0.0)]).step(2, [step_rows(1.0)]).metric("reward", [0.5, 1.0])
+    d = b.diagnose(steps=2)
+    assert value(d, "signal.reward_trend") == pytest.approx(0.5)
+    assert value(d, "score.train_correctness_trend") == pytest.approx(0.0)
+    assert "reward_hacking" in fired(d)
+    honest = (
+        RunBuilder(store, run_id="v1-train-2").step(1, [dead(8, 0.0)]).step(2, [dead(8, 1.0)]).metric("reward", [0, 1])
+    )
+    assert "reward_hacking" not in fired(honest.diagnose(steps=2))
+
+
+def test_dead_training_from_zero_loss_and_gradient(store: Store) -> None:
+    b = RunBuilder(store).step(1, [live()]).metric("loss", [0.3, 0.0, 0.0]).metric("grad_norm", [1.0, 0.0, 0.0])
+    d = b.diagnose(steps=3, window=2)
+    assert value(d, "signal.loss_stuck_at_zero") == 1.0 and "dead_training" in fired(d)
+    assert d.bottleneck is not None and d.bottleneck.severity == "critical"
+    alive = RunBuilder(store, run_id="v1-train-2").step(1, [live()]).metric("loss", [0.3, 0.0, 0.01])
+    assert "dead_training" not in fired(alive.diagnose(steps=3, window=2))
+
+
+def test_exploration_collapse_entropy_and_diversity(store: Store) -> None:
+    varied = [R(reward=float(i % 2), completion=f"x{i}") for i in range(8)]
+    alike = [R(reward=float(i % 2), completion="same" if i else "other") for i in range(8)]
+    b = RunBuilder(store).step(1, [varied]).step(2, [alike]).metric("entropy", [1.0, 0.3])
+    d = b.diagnose(steps=2)
+    assert value(d, "signal.entropy_ratio") == pytest.approx(0.3)
+    assert value(d, "behavior.completion_diversity_trend") == pytest.approx(2 / 8 - 1.0)
+    assert "exploration_collapse" in fired(d)
+    steady = RunBuilder(store, run_id="v1-train-2").step(1, [varied]).step(2, [varied]).metric("entropy", [1.0, 0.3])
+    assert "exploration_collapse" not in fired(steady.diagnose(steps=2))
+
+
+def test_format_gate(store: Store) -> None:
+    rows = [R(reward=0.0, format=0.0 if i < 3 else 1.0) for i in range(10)]  # 3 of 10 violate
+    d = RunBuilder(store).step(1, [rows]).diagnose(steps=1)
+    assert value(d, "behavior.format_violation_rate") == pytest.approx(0.3) and "format_gate" in fired(d)
+
+
+def test_filter_keep_ratio(store: Store) -> None:
+    d = RunBuilder(store).step(1, [live()]).metric("filter/keep_ratio", [0.2, 0.3]).diagnose(steps=2)
+    assert value(d, "signal.filter_keep_ratio") == pytest.approx(0.25) and "over_filtering" in fired(d)
+
+
+# -- behavior, on constructed traces ----------------------------------------------------------------
+GOOD = [call("search", 0), call("read", 1, files=["a.py"]), call("edit", 2, files=["a.py"]), call("test", 3)]
+SKIPS_SEARCH = [call("edit", 0, files=["b.py"]), call("test", 1), call("submit", 2)]
+NO_TEST = [call("search", 0), call("edit", 1, ok=False, files=["a.py"]), call("edit", 2, files=["c.py"])]
+HISTORY = [call("git_log", 0), call("git_show", 1), call("edit", 2, files=["a.py"]), call("submit", 3)]
+
+
+def test_habits_tool_use_and_turns(store: Store) -> None:
+    traces = [GOOD, SKIPS_SEARCH, NO_TEST, GOOD]
+    group = [R(reward=1.0, calls=t, turns=len(t)) for t in traces]
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    assert value(d, "behavior.self_test_rate") == pytest.approx(3 / 4)
+    assert value(d, "behavior.search_before_edit_rate") == pytest.approx(3 / 4)  # all four edit; 3 searched first
+    assert value(d, "behavior.edit_then_test_rate") == pytest.approx(3 / 4)
+    assert value(d, "behavior.edit_failure_rate") == pytest.approx(1 / 5)  # edits: 1+1+2+1, one failed
+    assert severity(d, "behavior.edit_failure_rate") == "warning" and "poor_edit_quality" in fired(d)
+    assert value(d, "behavior.tool_calls_per_rollout") == pytest.approx(14 / 4)
+    assert value(d, "behavior.tool.edit") == pytest.approx(5 / 4)
+    assert value(d, "behavior.first_edit_turn") == pytest.approx((2 + 0 + 1 + 2) / 4)
+    assert value(d, "behavior.turns_mean") == pytest.approx(14 / 4)
+    assert severity(d, "behavior.turns_mean") == "critical"  # < 5 turns: giving up
+
+
+def test_solution_diversity_is_one_minus_mean_pairwise_jaccard(store: Store) -> None:
+    edits = [["a.py"], ["a.py", "b.py"], ["c.py"], ["a.py"]]
+    group = [R(reward=0.0, calls=[call("edit", 0, files=f)], turns=1) for f in edits]
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    pairs = list(itertools.combinations(map(set, edits), 2))
+    expected = 1 - sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
+    assert value(d, "behavior.solution_diversity") == pytest.approx(expected)
+
+
+def test_leak_fires_when_success_depends_on_history(store: Store) -> None:
+    group = [R(reward=1.0, calls=HISTORY, turns=4)] * 3 + [R(reward=0.0, calls=GOOD, turns=4)] * 5
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    assert value(d, "behavior.history_use_rate") == pytest.approx(3 / 8)
+    assert value(d, "behavior.history_success_gap") == pytest.approx(1.0)
+    assert d.bottleneck is not None and d.bottleneck.rule == "leak"
+
+
+def test_leak_stays_silent_when_success_does_not_depend_on_history(store: Store) -> None:
+    # Half of each kind succeeds: history is used, but it buys nothing.
+    group = [R(reward=float(i % 2), calls=HISTORY, turns=4) for i in range(4)]
+    group += [R(reward=float(i % 2), calls=GOOD, turns=4) for i in range(4)]
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    assert value(d, "behavior.history_use_rate") == pytest.approx(0.5)
+    assert value(d, "behavior.history_success_gap") == pytest.approx(0.0)
+    assert "leak" not in fired(d)
+
+
+def test_echo_trap_and_laziness(store: Store) -> None:
+    short = [R(reward=0.0, calls=[call("submit", 0)], turns=1) for _ in range(4)]
+    long = [R(reward=0.0, calls=[call("read", t) for t in range(6)], turns=6) for _ in range(4)]
+    d = RunBuilder(store).step(1, [short]).step(2, [long]).diagnose(steps=2)
+    assert value(d, "behavior.turns_trend") == pytest.approx(6.0)
+    assert "echo_trap" in fired(d)
+    assert value(d, "behavior.self_test_rate") == 0.0 and "laziness" in fired(d)
+
+
+def test_no_traces_no_behavior_trace_findings(store: Store) -> None:
+    d = RunBuilder(store).step(1, [live()]).diagnose(steps=1)
+    assert not [f for f in d.findings if f.metric.startswith("behavior.tool")]
+
+
+# -- version layer ----------------------------------------------------------------------------------
+def test_consecutive_failures_along_the_lineage(store: Store) -> None:
+    store.add_version("v0", None, "versions/v0", "a", state="promoted")
+    for name, parent in (("v1", "v0"), ("v2", "v1"), ("v3", "v2")):
+        store.add_version(name, parent, f"versions/{name}", "x", state="rejected")
+        store.update_version(name, verdict="regressed")
+    d = RunBuilder(store, run_id="v3-train-1", version="v3").step(1, [live()]).diagnose(steps=1)
+    assert value(d, "version.consecutive_failures") == 3.0
+    assert severity(d, "version.consecutive_failures") == "critical"
+
+
+# -- the workspace harness ----------------------------------------------------------------------------
+def test_workspace_analyzers_and_rules_are_loaded_with_provenance(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "short.py").write_text(
+        "from engine.harness import Finding, RuleResult, analyzer, rule\n"
+        "\n"
+        "@analyzer('short_answers', 'behavior')\n"
+        "def short_answers(ctx):\n"
+        '    (share,) = ctx.q1("SELECT avg((completion_length < 5)::INT) FROM rollouts WHERE run_id = $run")\n'
+        "    return Finding('behavior.short_share', share, 'warning' if share > 0.5 else 'info')\n"
+        "\n"
+        "@rule('too_short', priority=0)\n"
+        "def too_short(f, ctx):\n"
+        "    if f.at_least('behavior.short_share', 'warning'):\n"
+        "        return RuleResult('most answers are short', 'critical', ('behavior.short_share',))\n"
+    )
+    group = [R(reward=float(i % 2), length=3 if i < 6 else 9) for i in range(8)]
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1, workspace=tmp_path)
+    (f,) = [f for f in d.findings if f.metric == "behavior.short_share"]
+    assert f.value == pytest.approx(6 / 8) and f.provenance == "workspace" and f.analyzer == "short_answers"
+    assert d.bottleneck is not None and d.bottleneck.rule == "too_short" and d.bottleneck.provenance == "workspace"
+    assert "+ workspace" in d.harness_revision
+
+
+def test_a_broken_workspace_analyzer_is_a_finding_not_a_crash(store: Store, tmp_path: Path) -> None:
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "oops.py").write_text(
+        "from engine.harness import analyzer\n\n@analyzer('oops', 'signal')\ndef oops(ctx):\n    return 1 / 0\n"
+    )
+    (tmp_path / "harness" / "typo.py").write_text("def broken(:\n")
+    d = RunBuilder(store).step(1, [live()]).diagnose(steps=1, workspace=tmp_path)
+    broken = {f.metric: f for f in d.findings if f.metric.startswith("harness.broken")}
+    oops = broken["harness.broken.oops"].explanation
+    assert f"{(tmp_path / 'harness' / 'oops.py').resolve()}:5" in oops and "ZeroDivisionError" in oops
+    typo = broken["harness.broken.typo"].explanation
+    assert f"{(tmp_path / 'harness' / 'typo.py').resolve()}:1" in typo and "SyntaxError" in typo
+    assert value(d, "signal.dead_group_ratio") == 0.0  # the built-ins still ran
