@@ -46,7 +46,7 @@ def test_cross_field_rule_names_both_fields(sample_toml: str) -> None:
 def test_unknown_reward_component_lists_the_domain_components(sample_toml: str) -> None:
     text = sample_toml.replace("format = 0.1", "format = 0.1\nbrevity = 0.5")
     (problem,) = _errors(text)
-    assert "['brevity']" in problem and "allowed: correctness, format" in problem
+    assert "['brevity']" in problem and "allowed: correctness, format, closeness" in problem
 
 
 def test_several_errors_are_all_reported(sample_toml: str) -> None:

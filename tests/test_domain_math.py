@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine.config import MathDomainConfig
 from engine.domains import make_domain, score
-from engine.domains.math import MathDomain, correctness, format_reward, is_well_formed, parse_answer
+from engine.domains.math import MathDomain, closeness, correctness, format_reward, is_well_formed, parse_answer
 
 
 def test_same_seed_same_tasks_other_seed_other_tasks() -> None:
@@ -50,7 +50,10 @@ def test_verifier_and_format_check() -> None:
     # Truncated chains score 0 on both components.
     assert format_reward(task, "3+4=7;7-") == 0.0 and correctness(task, "3+4=7;7-") == 0.0
     total, parts = score(domain, task, right, {"correctness": 1.0, "format": 0.1})
-    assert parts == {"correctness": 1.0, "format": 1.0} and abs(total - 1.1) < 1e-12
+    assert parts == {"correctness": 1.0, "format": 1.0, "closeness": 1.0} and abs(total - 1.1) < 1e-12
+    near = f"A:{int(task.answer) + 3}"
+    assert closeness(task, near) == 0.7 and closeness(task, f"A:{int(task.answer) - 12}") == 0.0
+    assert closeness(task, "3+4=7;7-") == 0.0
 
 
 @given(

@@ -243,3 +243,68 @@ def test_a_broken_workspace_analyzer_is_a_finding_not_a_crash(store: Store, tmp_
     typo = broken["harness.broken.typo"].explanation
     assert f"{(tmp_path / 'harness' / 'typo.py').resolve()}:1" in typo and "SyntaxError" in typo
     assert value(d, "signal.dead_group_ratio") == 0.0  # the built-ins still ran
+
+
+# -- backtests ------------------------------------------------------------------------------------------
+def test_reward_backtest_revives_the_groups_a_continuous_component_separates(store: Store) -> None:
+    from engine.harness.backtest import filter_backtest, reward_backtest
+
+    def group(correct: list[float], close: list[float]) -> list[Rollout]:
+        return [R(reward=c, correctness=c, format=x) for c, x in zip(correct, close, strict=True)]
+
+    # Four dead groups (all wrong); a second stored component (here "format") varies in exactly
+    # two of them, so adding it brings two of the four dead groups back. One group is live.
+    groups = [
+        group([0, 0, 0, 0], [0.1, 0.5, 0.1, 0.1]),
+        group([0, 0, 0, 0], [0.2, 0.2, 0.2, 0.2]),
+        group([0, 0, 0, 0], [0.0, 0.9, 0.3, 0.0]),
+        group([0, 0, 0, 0], [0.4, 0.4, 0.4, 0.4]),
+        group([1, 0, 1, 0], [1.0, 0.3, 1.0, 0.2]),
+    ]
+    b = RunBuilder(store).step(1, groups)
+    b.save(steps=1)
+    result = reward_backtest(store, b.run_id, {"correctness": 1.0, "format": 0.5})
+    assert (result.groups, result.dead_before, result.dead_after) == (5, 4 / 5, 2 / 5)
+    assert result.revived == pytest.approx(2 / 4)
+    news = [r["reward"] + 0.5 * dict(r["reward_components"])["format"] for r in b.rows]
+    olds = [r["reward"] for r in b.rows]
+    assert result.mean_shift == pytest.approx(np.mean(news) - np.mean(olds))
+    from scipy.stats import spearmanr
+
+    assert result.rank_corr_with_correctness == pytest.approx(spearmanr(news, olds).statistic)
+    # The filter: with a 0.05 std threshold the four dead groups go, the live one stays.
+    kept = filter_backtest(store, b.run_id, 0.05)
+    assert (kept.kept, kept.dead_after, kept.dead_before) == (1 / 5, 0.0, 4 / 5)
+
+
+def test_reward_backtest_rescores_missing_components_with_the_domain(store: Store) -> None:
+    from engine.config import MathDomainConfig
+    from engine.domains import make_domain
+    from engine.harness.backtest import reward_backtest
+
+    domain = make_domain(MathDomainConfig(train_size=10, val_size=5))
+    task = domain.tasks("train")[0]
+    answers = [int(task.answer) + k for k in (0, 1, 5, 20)]  # closeness 1.0, 0.9, 0.5, 0.0
+    b = RunBuilder(store)
+    b.step(1, [[R(reward=float(k == 0)) for k in (0, 1, 5, 20)]])
+    for row, a in zip(b.rows, answers, strict=True):
+        row["task_id"], row["completion"] = task.task_id, f"A:{a}"
+    b.save(steps=1)
+    result = reward_backtest(store, b.run_id, {"closeness": 1.0}, domain)
+    assert result.rescored_components == ("closeness",)
+    assert result.mean_shift == pytest.approx((1.0 + 0.9 + 0.5 + 0.0) / 4 - 1 / 4)
+    with pytest.raises(ValueError, match="no domain was given"):
+        reward_backtest(store, b.run_id, {"closeness": 1.0})
+
+
+def test_analyzer_validation_measures_separation(store: Store) -> None:
+    from engine.harness.backtest import validate_analyzer
+
+    store.add_version("v0", None, "versions/v0", "a", state="promoted")
+    values = {"v1": ("improved", 0.1), "v2": ("improved", 0.2), "v3": ("regressed", 0.6), "v4": ("regressed", 0.15)}
+    for name, (verdict, _) in values.items():
+        store.add_version(name, "v0", f"versions/{name}", "x", state="trained")
+        store.update_version(name, verdict=verdict)
+    result = validate_analyzer(store, "signal.dead_group_ratio", lambda v: values[v][1] if v in values else None)
+    # Pairs (improved, regressed): (0.1,0.6) (0.1,0.15) (0.2,0.6) (0.2,0.15): improved higher in 1 of 4.
+    assert result.auc == pytest.approx(1 / 4) and result.separates

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Domain", "RewardFn", "Task", "make_domain", "reward_component_names", "score"]
 
-_COMPONENTS = {"math": ("correctness", "format")}
+_COMPONENTS = {"math": ("correctness", "format", "closeness")}
 
 
 def reward_component_names(domain: str) -> tuple[str, ...]:

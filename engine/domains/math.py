@@ -99,7 +99,7 @@ class MathDomain:
 
     @property
     def reward_components(self) -> dict[str, RewardFn]:
-        return {"correctness": correctness, "format": format_reward}
+        return {"correctness": correctness, "format": format_reward, "closeness": closeness}
 
 
 def _evaluate(operands: list[int], ops: list[str]) -> int:
@@ -117,3 +117,12 @@ def correctness(task: Task, completion: str) -> float:
 def format_reward(task: Task, completion: str) -> float:
     """1.0 when the completion is a complete, well-formed chain ending in an answer."""
     return 1.0 if is_well_formed(completion) else 0.0
+
+
+def closeness(task: Task, completion: str) -> float:
+    """Continuous: 1 for the right answer, falling linearly to 0 at 10 off (0 without an answer).
+    Logged with weight 0 by default, so a reward backtest can price it without re-scoring."""
+    answer = parse_answer(completion)
+    if answer is None:
+        return 0.0
+    return max(0.0, 1.0 - abs(int(answer) - int(task.answer)) / 10)

@@ -92,7 +92,7 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (run_id, file)
     );
     """,
-    # 2: diagnoses and their findings.
+    # 2: diagnoses and their findings; backtests.
     """
     CREATE TABLE diagnoses (
         id               VARCHAR PRIMARY KEY,
@@ -117,6 +117,14 @@ MIGRATIONS: list[str] = [
         explanation  VARCHAR NOT NULL,
         evidence     JSON NOT NULL,          -- {"steps": [...], "rollouts": ["run/split/step/group/sample"]}
         PRIMARY KEY (diagnosis_id, idx)
+    );
+    CREATE TABLE backtests (
+        id         VARCHAR PRIMARY KEY,
+        kind       VARCHAR NOT NULL,         -- reward, filter, analyzer
+        run_id     VARCHAR,
+        params     JSON NOT NULL,
+        result     JSON NOT NULL,
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
     );
     """,
 ]
