@@ -480,6 +480,23 @@ class Engine:
         )
         return {key: (first, last) for key, first, last in rows}
 
+    def latest_run(self, version: str) -> RunRecord:
+        """The run a version is diagnosed from: its last succeeded train run, else its warm-up."""
+        runs = [r for r in self.store.list_runs(version) if r.state == "succeeded"]
+        if not runs:
+            raise ValueError(f"{version} has no succeeded run to diagnose")
+        trained = [r for r in runs if r.kind == "train"]
+        return (trained or runs)[-1]
+
+    def diagnose_version(self, version: str) -> Diagnosis:
+        """Diagnose a version's latest run again, with the workspace's current harness, and store it."""
+        run = self.latest_run(version)
+        record = self.store.get_version(version)
+        assert record is not None
+        diagnosis = diagnose(self.store, run, record, self.version_config(version), self.workspace.root)
+        store_diagnosis(self.store, diagnosis)
+        return diagnosis
+
     def train_run(self, version: str) -> RunRecord | None:
         runs = [r for r in self.store.list_runs(version) if r.kind == "train" and r.state == "succeeded"]
         return runs[-1] if runs else None

@@ -260,3 +260,166 @@ def versions_cmd(workspace: WorkspaceArg) -> None:
 
 def main() -> None:
     app()
+
+
+def _print_json(data: object) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+VersionArg = Annotated[str, typer.Argument(help="A version, e.g. v1.", show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs instead of text.")]
+
+
+@app.command("diagnose")
+def diagnose_cmd(workspace: WorkspaceArg, version: VersionArg, as_json: JsonOpt = False) -> None:
+    """Diagnose a version's latest run again with the workspace's current harness."""
+    try:
+        with Engine.open(workspace) as engine:
+            diagnosis = engine.diagnose_version(version)
+    except (*USER_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(diagnosis.to_dict())
+        return
+    console.print(f"[bold]{diagnosis.run_id}[/] · harness {diagnosis.harness_revision}", highlight=False)
+    for line in diagnosis.headline(limit=50):
+        console.print(f"  {line}", highlight=False)
+
+
+@app.command()
+def report(
+    workspace: WorkspaceArg,
+    version: VersionArg,
+    against: Annotated[str | None, typer.Option(help="Compare with this version (default: the parent).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The health report of a version: diagnosis, trends, reward flow, rollouts to read."""
+    from engine.harness.report import build_report, render_markdown
+
+    try:
+        with Engine.open(workspace) as engine:
+            data = build_report(engine.store, version, engine.diagnose_version(version), against)
+    except (*USER_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(data)
+    else:
+        sys.stdout.write(render_markdown(data))
+
+
+backtest_app = typer.Typer(
+    help="Price an intervention on saved rollouts before paying for a run.", no_args_is_help=True
+)
+app.add_typer(backtest_app, name="backtest")
+
+
+def _weights(text: str) -> dict[str, float]:
+    try:
+        pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+        return {k.strip(): float(v) for k, v in pairs}
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: expected NAME=WEIGHT[,NAME=WEIGHT...], e.g. correctness=1,closeness=0.5"
+        ) from None
+
+
+@backtest_app.command("reward")
+def backtest_reward(
+    workspace: WorkspaceArg,
+    version: VersionArg,
+    weights: Annotated[str, typer.Option(help="Candidate reward: NAME=WEIGHT,... over the domain's components.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Re-score a version's train rollouts under another reward composition."""
+    from dataclasses import asdict
+
+    from engine.domains import make_domain
+    from engine.harness.backtest import reward_backtest, store_backtest
+
+    parsed = _weights(weights)
+    try:
+        with Engine.open(workspace) as engine:
+            run = engine.latest_run(version)
+            domain = make_domain(engine.version_config(version).domain)
+            result = reward_backtest(engine.store, run.id, parsed, domain)
+            backtest_id = store_backtest(engine.store, "reward", run.id, {"weights": parsed}, result)
+    except (*USER_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json({"id": backtest_id, **asdict(result)})
+        return
+    console.print(f"reward backtest {backtest_id} on {result.run_id}: {parsed}", highlight=False)
+    console.print(f"  dead groups {result.dead_before:.1%} -> {result.dead_after:.1%} of {result.groups}")
+    console.print(f"  dead groups that regain variance: {result.revived:.1%}")
+    rho = result.rank_corr_with_correctness
+    console.print(f"  rank correlation with binary correctness: {'—' if rho is None else f'{rho:.3f}'}")
+    console.print(f"  mean reward shift: {result.mean_shift:+.3f}")
+    if result.rescored_components:
+        console.print(f"  re-scored by the verifier: {', '.join(result.rescored_components)}")
+
+
+@backtest_app.command("filter")
+def backtest_filter(
+    workspace: WorkspaceArg,
+    version: VersionArg,
+    std: Annotated[float, typer.Option(help="Drop groups whose reward std is at or below this.")] = 0.05,
+    keep_ratio: Annotated[float | None, typer.Option(help="Keep at most this share of a step's groups.")] = None,
+    ema: Annotated[float | None, typer.Option(help="Let the threshold follow an EMA of the median spread.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Which groups a dead-group-aware filter would keep on a version's train rollouts."""
+    from dataclasses import asdict
+
+    from engine.harness.backtest import filter_backtest, store_backtest
+
+    try:
+        with Engine.open(workspace) as engine:
+            run = engine.latest_run(version)
+            result = filter_backtest(engine.store, run.id, std, keep_ratio, ema)
+            params = {"std": std, "keep_ratio": keep_ratio, "ema": ema}
+            backtest_id = store_backtest(engine.store, "filter", run.id, params, result)
+    except (*USER_ERRORS, ValueError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json({"id": backtest_id, **asdict(result)})
+        return
+    console.print(f"filter backtest {backtest_id} on {result.run_id}: std > {std}", highlight=False)
+    console.print(f"  keeps {result.kept:.1%} of groups; dead among kept {result.dead_after:.1%}")
+    console.print(f"  (dead before filtering {result.dead_before:.1%})")
+
+
+@backtest_app.command("analyzer")
+def backtest_analyzer(
+    workspace: WorkspaceArg,
+    metric: Annotated[str, typer.Argument(help="A finding's metric, e.g. signal.dead_group_ratio.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Replay the harness over every judged version: does METRIC separate improved from regressed?"""
+    from dataclasses import asdict
+
+    from engine.harness.backtest import store_backtest, validate_analyzer
+
+    try:
+        with Engine.open(workspace) as engine:
+
+            def value_of(version: str) -> float | None:
+                try:
+                    found = [f for f in engine.diagnose_version(version).findings if f.metric == metric]
+                except ValueError:
+                    return None
+                return found[0].value if found else None
+
+            result = validate_analyzer(engine.store, metric, value_of)
+            backtest_id = store_backtest(engine.store, "analyzer", None, {"metric": metric}, result)
+    except USER_ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        _print_json({"id": backtest_id, **asdict(result), "separates": result.separates})
+        return
+    console.print(f"analyzer validation {backtest_id}: {metric}", highlight=False)
+    console.print(f"  improved: {result.improved or '—'}")
+    console.print(f"  regressed: {result.regressed or '—'}")
+    auc = "— (needs at least one improved and one regressed version)" if result.auc is None else f"{result.auc:.2f}"
+    console.print(f"  AUC {auc}; separates: {result.separates}")

@@ -43,3 +43,42 @@ def test_status_and_versions_of_a_new_workspace(tiny_workspace: Workspace) -> No
     assert status.exit_code == 0 and "0 version(s)" in status.output
     versions = runner.invoke(app, ["versions", str(tiny_workspace.root)])
     assert versions.exit_code == 0 and "No versions yet" in versions.output
+
+
+def test_report_and_backtests_on_a_constructed_run(tiny_workspace: Workspace) -> None:
+    import json
+
+    from engine.core import Engine
+    from tests.harness_data import Rollout, RunBuilder
+
+    with Engine(tiny_workspace) as engine:
+        engine.tree.create_base("v0")
+        engine.tree.create_child("v0", "v1", {}, "v1")
+        store = engine.store
+        b = RunBuilder(store)
+        b.step(
+            1,
+            [
+                [Rollout(reward=0.0, format=f) for f in (0.0, 1.0, 0.0, 1.0)],
+                [Rollout(reward=float(i % 2)) for i in range(4)],
+            ],
+        )
+        b.save(steps=1)
+        store.update_run("v1-train-1", state="succeeded")
+    report = runner.invoke(app, ["report", str(tiny_workspace.root), "v1", "--json"])
+    assert report.exit_code == 0, report.output
+    data = json.loads(report.output)
+    dead = [f for f in data["diagnosis"]["findings"] if f["metric"] == "signal.dead_group_ratio"]
+    assert dead[0]["value"] == 0.5  # one of two groups has no spread
+    text = runner.invoke(app, ["report", str(tiny_workspace.root), "v1"])
+    assert text.exit_code == 0 and text.output.startswith("# Health report: v1")
+    bt = runner.invoke(
+        app, ["backtest", "reward", str(tiny_workspace.root), "v1", "--weights", "correctness=1,format=1", "--json"]
+    )
+    assert bt.exit_code == 0, bt.output
+    result = json.loads(bt.output)
+    assert (result["dead_before"], result["dead_after"], result["revived"]) == (0.5, 0.0, 1.0)
+    bad = runner.invoke(app, ["backtest", "reward", str(tiny_workspace.root), "v1", "--weights", "nope=1"])
+    assert bad.exit_code == 1 and "unknown reward component(s) ['nope']" in bad.output
+    with Engine(tiny_workspace) as engine:
+        assert engine.store.query("SELECT kind FROM backtests") == [("reward",)]
