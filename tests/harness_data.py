@@ -60,7 +60,8 @@ class RunBuilder:
                         "truncated": r.truncated,
                         "completion_length": r.length,
                         "turns": json.dumps([{}] * r.turns) if r.turns is not None else None,
-                        "tool_calls": json.dumps(r.calls) if r.calls is not None else None,
+                        "num_turns": r.turns,
+                        "tool_calls": r.calls,
                     }
                 )
         return self

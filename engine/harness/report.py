@@ -74,13 +74,11 @@ _CATEGORIES = {
     "long and failing": "reward_components['correctness'] = 0 ORDER BY completion_length DESC",
     "truncated": "truncated",
     "all tools succeeded yet reward 0": (
-        "tool_calls IS NOT NULL AND reward = 0"
-        ' AND NOT list_contains(list_transform(from_json(tool_calls, \'[{"ok": "BOOLEAN"}]\'), lambda c: c.ok), false)'
+        "tool_calls IS NOT NULL AND reward = 0 AND NOT list_contains(list_transform(tool_calls, lambda c: c.ok), false)"
     ),
     "partial reward without tests run": (
         "tool_calls IS NOT NULL AND reward > 0 AND reward_components['correctness'] = 0"
-        ' AND NOT list_contains(list_transform(from_json(tool_calls, \'[{"tool": "VARCHAR"}]\'), lambda c: c.tool),'
-        " 'test')"
+        " AND NOT list_contains(list_transform(tool_calls, lambda c: c.tool), 'test')"
     ),
 }
 

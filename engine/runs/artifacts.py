@@ -25,6 +25,17 @@ SPEC_FILE = "spec.json"
 LOG_FILE = "worker.log"
 ROLLOUT_DIR = "rollouts"
 
+#: One tool call of a multi-turn episode (the `tool_calls` column is a list of these).
+TOOL_CALL = pa.struct(
+    [
+        ("turn", pa.int32()),
+        ("tool", pa.string()),
+        ("args", pa.string()),
+        ("ok", pa.bool_()),
+        ("files", pa.list_(pa.string())),
+    ]
+)
+
 ROLLOUT_SCHEMA = pa.schema(
     [
         ("run_id", pa.string()),
@@ -42,7 +53,8 @@ ROLLOUT_SCHEMA = pa.schema(
         ("truncated", pa.bool_()),
         ("completion_length", pa.int32()),
         ("turns", pa.string()),
-        ("tool_calls", pa.string()),
+        ("num_turns", pa.int32()),
+        ("tool_calls", pa.list_(TOOL_CALL)),
     ]
 )
 
@@ -87,6 +99,7 @@ class RolloutBatch:
             "truncated": self.truncated,
             "completion_length": self.completion_length,
             "turns": [None] * n,
+            "num_turns": [None] * n,
             "tool_calls": [None] * n,
         }
         return pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)

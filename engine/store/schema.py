@@ -68,8 +68,11 @@ MIGRATIONS: list[str] = [
         reward_components MAP(VARCHAR, DOUBLE) NOT NULL,
         truncated         BOOLEAN NOT NULL,
         completion_length INTEGER NOT NULL,           -- tokens, EOS included when present
-        turns             JSON,                       -- multi-turn domains only
-        tool_calls        JSON,
+        -- multi-turn domains only: every turn's text (JSON), their count, and the tool calls,
+        -- typed so that behavior analytics never parse JSON
+        turns             JSON,
+        num_turns         INTEGER,
+        tool_calls        STRUCT(turn INTEGER, tool VARCHAR, args VARCHAR, ok BOOLEAN, files VARCHAR[])[],
         PRIMARY KEY (run_id, split, step, group_id, sample_idx)
     );
     CREATE SEQUENCE events_id_seq;
