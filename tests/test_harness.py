@@ -308,3 +308,14 @@ def test_analyzer_validation_measures_separation(store: Store) -> None:
     result = validate_analyzer(store, "signal.dead_group_ratio", lambda v: values[v][1] if v in values else None)
     # Pairs (improved, regressed): (0.1,0.6) (0.1,0.15) (0.2,0.6) (0.2,0.15): improved higher in 1 of 4.
     assert result.auc == pytest.approx(1 / 4) and result.separates
+
+
+def test_solution_diversity_without_bit_masks_past_64_files(store: Store) -> None:
+    # 8 rollouts x 9 files = 72 distinct files: too many for a 64-bit mask, so the sets are compared.
+    edits = [[f"f{i}_{k}.py" for k in range(9)] for i in range(8)]
+    edits[1] = edits[0][:3] + edits[1][3:]  # one pair shares 3 of 15 files
+    group = [R(reward=0.0, calls=[call("edit", 0, files=f)], turns=1) for f in edits]
+    d = RunBuilder(store).step(1, [group]).diagnose(steps=1)
+    pairs = list(itertools.combinations(map(set, edits), 2))
+    expected = 1 - sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
+    assert value(d, "behavior.solution_diversity") == pytest.approx(expected)

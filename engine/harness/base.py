@@ -77,12 +77,14 @@ class Context:
         rows = self.q(sql, params)
         return rows[0] if rows else ()
 
-    def materialize(self, name: str, sql: str) -> str:
+    def materialize(self, name: str, sql: str, params: dict[str, Any] | None = None) -> str:
         """Compute `sql` once per diagnosis into a temporary table shared by analyzers; returns
         its name. (Parsing a million tool-call traces once, not once per analyzer.)"""
         table = f"harness_{name}"
         if table not in self._materialized:
-            self.store.con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}", {"run": self.run.id})
+            values = {"run": self.run.id, "window": self.window, **(params or {})}
+            used = {k: v for k, v in values.items() if f"${k}" in sql}
+            self.store.con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}", used)
             self._materialized.append(table)
         return table
 

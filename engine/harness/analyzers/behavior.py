@@ -12,21 +12,21 @@ from engine.harness.base import Context, Finding, analyzer, severity_above, seve
 
 HISTORY_TOOLS = ("git_log", "git_show", "git_diff")
 
-# One row per traced train rollout, every behavior feature computed with list functions.
+# One row per traced train rollout: every behavior feature as a scalar, computed with list
+# functions in one pass. `$files` lists the run's edited files so that an edited-file set
+# becomes a bit mask (runs with more than 64 distinct files get no mask).
 FEATURES_SQL = f"""
-WITH r AS (
-    SELECT step, group_id, sample_idx, reward, completion_length,
+WITH t AS (
+    SELECT step, group_id, sample_idx, reward, completion_length, num_turns,
            coalesce(reward_components['correctness'], reward) AS success,
-           tool_calls AS calls,
-           num_turns AS n_turns
+           tool_calls AS calls, list_transform(tool_calls, lambda c: c.tool) AS tools,
+           list_distinct(flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files)))
+               AS edited
     FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
-), t AS (
-    SELECT *, list_transform(calls, lambda c: c.tool) AS tools FROM r
 )
 SELECT step, group_id, sample_idx, reward, success, completion_length,
        len(calls) AS n_calls,
-       coalesce(n_turns, list_max(list_transform(calls, lambda c: c.turn)) + 1, 0) AS n_turns,
-       tools,
+       coalesce(num_turns, list_max(list_transform(calls, lambda c: c.turn)) + 1, 0) AS n_turns,
        len(list_filter(calls, lambda c: NOT c.ok)) AS n_failed,
        len(list_filter(tools, lambda x: x = 'edit')) AS n_edits,
        len(list_filter(calls, lambda c: c.tool = 'edit' AND NOT c.ok)) AS n_failed_edits,
@@ -36,22 +36,31 @@ SELECT step, group_id, sample_idx, reward, success, completion_length,
        list_contains(tools, 'test') AS tested,
        list_has_any(tools, {list(HISTORY_TOOLS)}) AS used_history,
        calls[list_position(tools, 'edit')].turn AS first_edit_turn,
-       list_sort(list_distinct(flatten(
-           list_transform(list_filter(calls, lambda c: c.tool = 'edit'), lambda c: c.files)
-       ))) AS edited_files,
        coalesce(list_position(tools, 'edit'), 0) > 0
            AND list_contains(list_slice(tools, list_position(tools, 'edit') + 1, len(tools)), 'test')
-           AS tested_after_edit
+           AS tested_after_edit,
+       CASE WHEN len($files) > 64 THEN NULL WHEN len(edited) = 0 THEN 0::UBIGINT
+            ELSE list_reduce(list_transform(edited, lambda f: 1::UBIGINT << (list_position($files, f) - 1)::UBIGINT),
+                             lambda a, b: a | b) END AS edit_mask
 FROM t
+"""
+
+EDITED_FILES_SQL = """
+SELECT coalesce(list(DISTINCT f ORDER BY f), []) FROM (
+    SELECT unnest(flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files))) AS f
+    FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
+)
 """
 
 
 def _features(ctx: Context) -> str | None:
-    """The features as a subquery. Not materialized: writing nested lists to a temporary table
-    costs more than recomputing, and DuckDB reads only the columns each analyzer uses."""
+    """The features, computed once per diagnosis into a temporary table of scalars (writing the
+    nested lists themselves would cost more than computing them)."""
     if not ctx.has_traces():
         return None
-    return f"({FEATURES_SQL})"
+    if "edited_files" not in ctx.params:
+        (ctx.params["edited_files"],) = ctx.q1(EDITED_FILES_SQL)
+    return ctx.materialize("behavior", FEATURES_SQL, {"files": ctx.params["edited_files"]})
 
 
 @analyzer("tool_use", "behavior")
@@ -73,7 +82,12 @@ def tool_use(ctx: Context) -> list[Finding]:
             f"{failed} of {calls} tool calls failed",
         ),
     ]
-    for tool, count in ctx.q(f"SELECT tool, count(*) FROM (SELECT unnest(tools) AS tool FROM {f}) GROUP BY tool"):
+    per_tool = ctx.q(
+        # Unnest the tool names only: unnesting the whole structs (with their file lists) is 10x slower.
+        """SELECT tool, count(*) FROM (SELECT unnest(list_transform(tool_calls, lambda c: c.tool)) AS tool
+           FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL) GROUP BY tool"""
+    )
+    for tool, count in per_tool:
         out.append(Finding(f"behavior.tool.{tool}", count / n, "info", f"{tool}: {count / n:.2f} per rollout"))
     rate = failed_edits / edits if edits else None
     out.append(
@@ -162,39 +176,26 @@ def solution_diversity(ctx: Context) -> Finding | None:
         return None
     # Edited-file sets become bit masks over the run's files (one bit per distinct file), so each
     # of the 28 pairs of a group of 8 costs two popcounts instead of three list operations.
-    masks = ctx.materialize(
-        "edit_masks",
-        """
-        WITH r AS (SELECT step, group_id, sample_idx, tool_calls FROM rollouts
-                   WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL),
-             e AS (SELECT step, group_id, sample_idx, unnest(c.files) AS file
-                   FROM (SELECT step, group_id, sample_idx, unnest(tool_calls) AS c FROM r) WHERE c.tool = 'edit'),
-             files AS (SELECT file, row_number() OVER (ORDER BY file) - 1 AS bit FROM (SELECT DISTINCT file FROM e)),
-             bits AS (SELECT step, group_id, sample_idx, bit_or(1::UBIGINT << (bit % 64)::UBIGINT) AS mask
-                      FROM e JOIN files USING (file) GROUP BY ALL)
-        SELECT r.step, r.group_id, r.sample_idx, coalesce(bits.mask, 0::UBIGINT) AS mask,
-               (SELECT count(*) FROM files) AS n_files
-        FROM r LEFT JOIN bits USING (step, group_id, sample_idx)
-        """,
-    )
-    (n_files,) = ctx.q1(f"SELECT max(n_files) FROM {masks}") or (0,)
-    if n_files is not None and n_files > 64:
+    if len(ctx.params["edited_files"]) <= 64:
         (similarity,) = ctx.q1(
             f"""
-            SELECT avg(CASE WHEN len(list_distinct(list_concat(a.edited_files, b.edited_files))) = 0 THEN 1.0
-                            ELSE len(list_intersect(a.edited_files, b.edited_files))
-                                 / len(list_distinct(list_concat(a.edited_files, b.edited_files))) END)
+            SELECT avg(CASE WHEN (a.edit_mask | b.edit_mask) = 0 THEN 1.0
+                            ELSE bit_count(a.edit_mask & b.edit_mask) / bit_count(a.edit_mask | b.edit_mask) END)
             FROM {f} a JOIN {f} b
               ON a.step = b.step AND a.group_id = b.group_id AND a.sample_idx < b.sample_idx
             """
         )
-    else:
+    else:  # too many files for a 64-bit mask: compare the sets themselves
         (similarity,) = ctx.q1(
-            f"""
-            SELECT avg(CASE WHEN (a.mask | b.mask) = 0 THEN 1.0
-                            ELSE bit_count(a.mask & b.mask) / bit_count(a.mask | b.mask) END)
-            FROM {masks} a JOIN {masks} b
-              ON a.step = b.step AND a.group_id = b.group_id AND a.sample_idx < b.sample_idx
+            """
+            WITH s AS (
+                SELECT step, group_id, sample_idx, list_distinct(flatten(list_transform(
+                    list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files))) AS e
+                FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
+            )
+            SELECT avg(CASE WHEN len(list_distinct(list_concat(a.e, b.e))) = 0 THEN 1.0
+                            ELSE len(list_intersect(a.e, b.e)) / len(list_distinct(list_concat(a.e, b.e))) END)
+            FROM s a JOIN s b ON a.step = b.step AND a.group_id = b.group_id AND a.sample_idx < b.sample_idx
             """
         )
     if similarity is None:
