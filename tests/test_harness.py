@@ -319,3 +319,22 @@ def test_solution_diversity_without_bit_masks_past_64_files(store: Store) -> Non
     pairs = list(itertools.combinations(map(set, edits), 2))
     expected = 1 - sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
     assert value(d, "behavior.solution_diversity") == pytest.approx(expected)
+
+
+def test_reward_flow_between_two_steps_is_a_per_task_transition_matrix(store: Store) -> None:
+    from engine.harness.report import reward_flow
+
+    b = RunBuilder(store)
+    before = [1.0, 1.0, 0.0, 0.0, 1.0]
+    after = [1.0, 0.0, 1.0, 0.0, 1.0]
+    for step, solved in ((10, before), (20, after)):
+        b.step(step, [[R(reward=x)] for x in solved], split="val")
+    for row in b.rows:
+        row["decoding"] = "greedy"
+    b.save(steps=20)
+    flow = reward_flow(store, b.run_id, b.run_id, 10, 20)
+    pairs = list(zip(before, after, strict=True))
+    expected = {
+        f"{'solved' if x else 'unsolved'}->{'solved' if y else 'unsolved'}": pairs.count((x, y)) for x, y in set(pairs)
+    }
+    assert flow["matrix"] == expected and flow["regressed_tasks"] == ["t1"]

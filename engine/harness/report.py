@@ -47,22 +47,32 @@ def trends(store: Store, run_id: str, buckets: int = 5) -> dict[str, list[float 
     return {k: found[k] for k in TREND_KEYS if k in found}
 
 
-def reward_flow(store: Store, before_run: str, after_run: str) -> dict[str, Any]:
+def _last_eval_step(store: Store, run_id: str) -> int | None:
+    row = store.query_one("SELECT max(step) FROM rollouts WHERE run_id = ? AND split = 'val'", [run_id])
+    return row[0] if row else None
+
+
+def reward_flow(
+    store: Store, before_run: str, after_run: str, before_step: int | None = None, after_step: int | None = None
+) -> dict[str, Any]:
     """Per val task, solved (greedy) before vs after: the 2x2 transition matrix and the tasks
-    that regressed."""
+    that regressed. Two versions (their runs' last evaluations), or two evaluation steps of one run."""
+    before_step = _last_eval_step(store, before_run) if before_step is None else before_step
+    after_step = _last_eval_step(store, after_run) if after_step is None else after_step
     rows = store.query(
         """
         WITH s AS (
-            SELECT run_id, task_id, any_value(reward_components['correctness']) > 0 AS solved
-            FROM rollouts WHERE split = 'val' AND decoding = 'greedy' AND run_id IN (?, ?)
-              AND step = (SELECT max(step) FROM rollouts r2 WHERE r2.run_id = rollouts.run_id AND r2.split = 'val')
-            GROUP BY run_id, task_id
+            SELECT run_id, step, task_id, any_value(reward_components['correctness']) > 0 AS solved
+            FROM rollouts WHERE split = 'val' AND decoding = 'greedy'
+              AND ((run_id = $before AND step = $before_step) OR (run_id = $after AND step = $after_step))
+            GROUP BY run_id, step, task_id
         )
         SELECT a.solved, b.solved, count(*), list(a.task_id ORDER BY a.task_id)
-        FROM s a JOIN s b ON a.task_id = b.task_id AND a.run_id = ? AND b.run_id = ?
+        FROM s a JOIN s b ON a.task_id = b.task_id
+         AND a.run_id = $before AND a.step = $before_step AND b.run_id = $after AND b.step = $after_step
         GROUP BY a.solved, b.solved
         """,
-        [before_run, after_run, before_run, after_run],
+        {"before": before_run, "after": after_run, "before_step": before_step, "after_step": after_step},
     )
     matrix = {f"{'solved' if a else 'unsolved'}->{'solved' if b else 'unsolved'}": n for a, b, n, _ in rows}
     regressed = next((tasks for a, b, _, tasks in rows if a and not b), [])
@@ -117,6 +127,15 @@ def build_report(store: Store, version: str, diagnosis: Diagnosis, against: str 
     mine, theirs = _eval_run(store, version), _eval_run(store, against) if against else None
     if mine and theirs:
         report["reward_flow"] = {"against": against, **reward_flow(store, theirs, mine)}
+    steps = [
+        r[0]
+        for r in store.query(
+            "SELECT DISTINCT step FROM rollouts WHERE run_id = ? AND split = 'val' ORDER BY step", [diagnosis.run_id]
+        )
+    ]
+    if len(steps) >= 2:  # evaluated every K steps: the flow within the run
+        flow = reward_flow(store, diagnosis.run_id, diagnosis.run_id, steps[0], steps[-1])
+        report["reward_flow_steps"] = {"from_step": steps[0], "to_step": steps[-1], **flow}
     return report
 
 
@@ -161,6 +180,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"- {k}: {n}" for k, n in sorted(flow["matrix"].items())]
         if flow["regressed_tasks"]:
             lines.append(f"- regressed tasks: {', '.join(flow['regressed_tasks'])}")
+    if "reward_flow_steps" in report:
+        flow = report["reward_flow_steps"]
+        lines += ["", f"## Reward flow on val (greedy), step {flow['from_step']} → step {flow['to_step']}", ""]
+        lines += [f"- {k}: {n}" for k, n in sorted(flow["matrix"].items())]
     if report["samples"]:
         lines += ["", "## Rollouts to read"]
         for category, rows in report["samples"].items():
