@@ -93,6 +93,23 @@ class Context:
             self.store.con.execute(f"DROP TABLE IF EXISTS {table}")
         self._materialized.clear()
 
+    def window_means(
+        self, source: str, value: str, params: dict[str, Any] | None = None
+    ) -> tuple[float | None, float | None, float | None]:
+        """Mean of `value` over `source` (a query with a `step` column): overall, over the first
+        `window` steps and over the last `window` steps (the trends every layer reports)."""
+        row = self.q1(
+            f"""
+            WITH src AS ({source}),
+                 b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM src)
+            SELECT avg({value}), avg({value}) FILTER (WHERE step < (SELECT first_cut FROM b)),
+                   avg({value}) FILTER (WHERE step > (SELECT last_cut FROM b))
+            FROM src
+            """,
+            params,
+        )
+        return (row[0], row[1], row[2]) if row else (None, None, None)
+
     def metric_keys(self) -> set[str]:
         return {r[0] for r in self.q("SELECT DISTINCT key FROM metrics WHERE run_id = $run")}
 

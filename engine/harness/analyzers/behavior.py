@@ -147,14 +147,9 @@ def turns(ctx: Context) -> list[Finding]:
     f = _features(ctx)
     if f is None:
         return []
-    mean, first, last = ctx.q1(
-        f"""
-        WITH b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM {f})
-        SELECT avg(n_turns), avg(n_turns) FILTER (WHERE step < (SELECT first_cut FROM b)),
-               avg(n_turns) FILTER (WHERE step > (SELECT last_cut FROM b))
-        FROM {f}
-        """
-    )
+    mean, first, last = ctx.window_means(f"SELECT step, n_turns FROM {f}", "n_turns")
+    if mean is None:
+        return []
     severity = "critical" if mean < 5 or mean > 50 else "info"
     why = "giving up" if mean < 5 else "echo trap" if mean > 50 else "in range"
     return [
@@ -288,19 +283,13 @@ def format_violations(ctx: Context) -> Finding | None:
 @analyzer("completion_diversity", "behavior")
 def completion_diversity(ctx: Context) -> list[Finding]:
     """Distinct completions per group (1.0: all different), first vs last window."""
-    row = ctx.q1(
-        """
-        WITH g AS (SELECT step, count(DISTINCT completion) / count(*) AS d FROM rollouts
-                   WHERE run_id = $run AND split = 'train' GROUP BY step, group_id),
-             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM g)
-        SELECT avg(d), avg(d) FILTER (WHERE step < (SELECT first_cut FROM b)),
-               avg(d) FILTER (WHERE step > (SELECT last_cut FROM b))
-        FROM g
-        """
+    mean, first, last = ctx.window_means(
+        """SELECT step, count(DISTINCT completion) / count(*) AS d FROM rollouts
+           WHERE run_id = $run AND split = 'train' GROUP BY step, group_id""",
+        "d",
     )
-    if not row or row[0] is None:
+    if mean is None or first is None or last is None:
         return []
-    mean, first, last = row
     return [
         Finding("behavior.completion_diversity", mean, "info", f"{mean:.2f} distinct completions per group sample"),
         Finding(

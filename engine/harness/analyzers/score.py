@@ -73,21 +73,13 @@ def subsets(ctx: Context) -> list[Finding]:
 def train_correctness(ctx: Context) -> list[Finding]:
     """Binary correctness in the train rollouts, first vs last window (the honest counterpart
     of the shaped total reward)."""
-    row = ctx.q1(
-        """
-        WITH r AS (SELECT step, reward_components[$primary] AS c FROM rollouts
-                   WHERE run_id = $run AND split = 'train'),
-             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM r)
-        SELECT avg(c) FILTER (WHERE step < (SELECT first_cut FROM b)),
-               avg(c) FILTER (WHERE step > (SELECT last_cut FROM b)),
-               avg(c)
-        FROM r
-        """,
+    mean, first, last = ctx.window_means(
+        "SELECT step, reward_components[$primary] AS c FROM rollouts WHERE run_id = $run AND split = 'train'",
+        "c",
         {"primary": PRIMARY},
     )
-    if not row or row[2] is None:
+    if mean is None or first is None or last is None:
         return []
-    first, last, mean = row
     return [
         Finding("score.train_correctness", mean, "info", f"train correctness {mean:.3f}"),
         Finding(

@@ -167,17 +167,9 @@ def length_dynamics(ctx: Context) -> list[Finding]:
 
 
 def _trend(ctx: Context, key: str) -> tuple[float | None, float | None]:
-    row = ctx.q1(
-        """
-        WITH m AS (SELECT step, value FROM metrics WHERE run_id = $run AND key = $key AND value IS NOT NULL),
-             b AS (SELECT min(step) + $window AS first_cut, max(step) - $window AS last_cut FROM m)
-        SELECT avg(value) FILTER (WHERE step < (SELECT first_cut FROM b)),
-               avg(value) FILTER (WHERE step > (SELECT last_cut FROM b))
-        FROM m
-        """,
-        {"key": key},
-    )
-    return (row[0], row[1]) if row else (None, None)
+    source = "SELECT step, value FROM metrics WHERE run_id = $run AND key = $key AND value IS NOT NULL"
+    _, first, last = ctx.window_means(source, "value", {"key": key})
+    return first, last
 
 
 @analyzer("optimizer", "signal")
