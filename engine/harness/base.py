@@ -93,6 +93,15 @@ class Context:
             self.store.con.execute(f"DROP TABLE IF EXISTS {table}")
         self._materialized.clear()
 
+    def example_rollouts(self, condition: str, limit: int = 5) -> tuple[str, ...]:
+        """Ids of the run's latest train rollouts matching an SQL `condition` (evidence to read)."""
+        rows = self.q(
+            f"""SELECT concat_ws('/', run_id, split, step, group_id, sample_idx) FROM rollouts
+                WHERE run_id = $run AND split = 'train' AND ({condition})
+                ORDER BY step DESC, group_id, sample_idx LIMIT {int(limit)}"""
+        )
+        return tuple(r[0] for r in rows)
+
     def window_means(
         self, source: str, value: str, params: dict[str, Any] | None = None
     ) -> tuple[float | None, float | None, float | None]:

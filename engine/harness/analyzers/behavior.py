@@ -265,18 +265,13 @@ def format_violations(ctx: Context) -> Finding | None:
     )
     if not row or row[0] is None:
         return None
-    examples = ctx.q(
-        """SELECT concat_ws('/', run_id, split, step, group_id, sample_idx) FROM rollouts
-           WHERE run_id = $run AND split = 'train' AND reward_components['format'] = 0
-           ORDER BY step DESC LIMIT 5"""
-    )
     return Finding(
         "behavior.format_violation_rate",
         row[0],
         severity_above(row[0], 0.2),
         f"{row[0]:.1%} of completions fail the format check",
         threshold=0.2,
-        rollouts=tuple(r[0] for r in examples),
+        rollouts=ctx.example_rollouts("reward_components['format'] = 0"),
     )
 
 

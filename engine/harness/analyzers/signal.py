@@ -115,17 +115,13 @@ def truncation(ctx: Context) -> Finding | None:
     ) or (None, None)
     if rate is None:
         return None
-    examples = ctx.q(
-        """SELECT concat_ws('/', run_id, split, step, group_id, sample_idx) FROM rollouts
-           WHERE run_id = $run AND split = 'train' AND truncated ORDER BY step DESC LIMIT 5"""
-    )
     return Finding(
         "signal.truncation_rate",
         rate,
         severity_above(recent, 0.15, 0.30),
         f"{rate:.1%} of completions truncated (last window {recent:.1%})",
         threshold=0.15,
-        rollouts=tuple(r[0] for r in examples),
+        rollouts=ctx.example_rollouts("truncated"),
     )
 
 
