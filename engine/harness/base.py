@@ -68,8 +68,9 @@ class Context:
         return self.run.id
 
     def q(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
-        """Run SQL with ``$run`` (this run's id) and ``$window`` bound, plus `params`."""
-        values = {"run": self.run.id, "window": self.window, **(params or {})}
+        """Run SQL with ``$run`` (this run's id), ``$window`` and the diagnosis's shared `self.params`
+        bound, plus `params`."""
+        values = {"run": self.run.id, "window": self.window, **self.params, **(params or {})}
         used = {k: v for k, v in values.items() if f"${k}" in sql}
         return self.store.query(sql, used)
 
@@ -82,7 +83,7 @@ class Context:
         its name. (Parsing a million tool-call traces once, not once per analyzer.)"""
         table = f"harness_{name}"
         if table not in self._materialized:
-            values = {"run": self.run.id, "window": self.window, **(params or {})}
+            values = {"run": self.run.id, "window": self.window, **self.params, **(params or {})}
             used = {k: v for k, v in values.items() if f"${k}" in sql}
             self.store.con.execute(f"CREATE OR REPLACE TEMP TABLE {table} AS {sql}", used)
             self._materialized.append(table)
