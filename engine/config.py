@@ -97,6 +97,20 @@ class PolicyConfig(_Section):
         return self
 
 
+class GroupFilterConfig(_Section):
+    """Dead-group aware filter of each step's GRPO groups (RAGEN/DAPO-style): a group whose reward
+    std is under the threshold adds nothing but normalization mass, so it is dropped from the loss."""
+
+    enabled: bool = False
+    std_threshold: float = Field(1e-3, ge=0, description="Groups with a reward std under this are dropped.")
+    keep_ratio: float = Field(
+        1.0, gt=0, le=1, description="Keep at most this share of groups per step, those with the largest std."
+    )
+    ema: float = Field(
+        0.0, ge=0, lt=1, description="Smooth the keep_ratio cutoff across steps (0: this step's cutoff only)."
+    )
+
+
 class RecipeConfig(_Section):
     """The GRPO-family recipe a version trains with (names follow TRL's GRPOConfig)."""
 
@@ -117,6 +131,7 @@ class RecipeConfig(_Section):
         default_factory=lambda: {"correctness": 1.0, "format": 0.1},
         description="Weight of each named reward component of the domain.",
     )
+    group_filter: GroupFilterConfig = GroupFilterConfig()
 
     @model_validator(mode="after")
     def _clip_range(self) -> RecipeConfig:
@@ -149,6 +164,22 @@ class GatesConfig(_Section):
     after_completion: bool = True
 
 
+class CoachConfig(_Section):
+    """The trainer agent: how many branches a round opens, its reasoning backend, when it escalates."""
+
+    backend: Literal["offline", "anthropic"] = Field(
+        "offline", description="'anthropic' needs ANTHROPIC_API_KEY in the environment; otherwise offline is used."
+    )
+    model: str = Field("claude-sonnet-4-5", description="Model name for the anthropic backend.")
+    max_tokens: int = Field(4096, ge=256)
+    branches: int = Field(2, ge=1, le=8, description="Versions proposed per round, each a different factor.")
+    harness: Literal["full", "score-only"] = Field(
+        "full", description="'score-only' diagnoses with the score layer alone (an ablation)."
+    )
+    gates_after_failures: int = Field(2, ge=1, description="Consecutive failures after which gates switch on.")
+    escalate_after: int = Field(3, ge=1, description="Consecutive failures after which the coach escalates.")
+
+
 class WorkspaceConfig(_Section):
     workspace: WorkspaceMeta
     domain: DomainConfig = MathDomainConfig()
@@ -157,6 +188,7 @@ class WorkspaceConfig(_Section):
     eval: EvalConfig = EvalConfig()
     budget: BudgetConfig = BudgetConfig()
     gates: GatesConfig = GatesConfig()
+    coach: CoachConfig = CoachConfig()
 
     @model_validator(mode="after")
     def _reward_components_exist(self) -> WorkspaceConfig:

@@ -21,13 +21,14 @@ import tomli_w
 
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
 from engine.harness.diagnose import Diagnosis, diagnose, store_diagnosis
+from engine.harness.loader import Harness, load_harness
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
 from engine.runs.ingest import ingest_run
 from engine.runs.runner import LocalRunner, Runner
 from engine.runs.spec import RunKind, RunSpec
 from engine.store import RunRecord, Store, VersionRecord
 from engine.verdict import Verdict, compare_runs
-from engine.versions import VersionTree
+from engine.versions import DECISIONS, VersionTree
 from engine.workspace import Workspace
 
 BASE = "v0"
@@ -50,7 +51,6 @@ class RunUpdate:
 
 ProgressFn = Callable[[RunUpdate], None]
 DiagnosisFn = Callable[["Diagnosis"], None]
-ApproveFn = Callable[[str], bool]
 
 
 class RunFailed(RuntimeError):
@@ -72,6 +72,10 @@ class Plan:
     hypothesis: str
     success_criterion: str
     rollback: str
+    round: int | None = None
+    template: str | None = None
+    source: str | None = None
+    evidence: tuple[str, ...] = ()
 
     @property
     def title(self) -> str:
@@ -79,23 +83,6 @@ class Plan:
             return f"{self.name}: GRPO from {self.parent} with its recipe"
         changes = ", ".join(f"{k} {v['from']!r} -> {v['to']!r}" for k, v in self.change.items())
         return f"{self.name}: {changes}"
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and key != "rewards":
-            out.update(_flatten(value, f"{name}."))
-        else:
-            out[name] = value
-    return out
-
-
-def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict[str, Any]]:
-    a = _flatten(old.model_dump(mode="json"))
-    b = _flatten(new.model_dump(mode="json"))
-    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
 
 
 class Engine:
@@ -108,6 +95,8 @@ class Engine:
         self.poll_seconds = poll_seconds
         #: Called with the diagnosis the harness makes of every run that ends.
         self.on_diagnosis: DiagnosisFn | None = None
+        #: Diagnose with these harness layers only (None: all; ("score",) is the score-only ablation).
+        self.harness_layers: tuple[str, ...] | None = None
         self.recover()
 
     @classmethod
@@ -169,44 +158,13 @@ class Engine:
         assert record is not None
         return record
 
-    def plan_child(self, parent: str) -> Plan:
-        """The next version from `parent`: the working tree's workspace.toml against the parent's."""
-        parent_config = self.version_config(parent)
-        text = self.workspace.config_path.read_text(encoding="utf-8")
-        config = parse_config(text, self.workspace.config_path, self.workspace.root)
-        change = config_changes(parent_config, config)
-        name = self.next_version_name()
-        if not change:
-            factor, kind = "none", "recipe"
-            hypothesis = (
-                f"GRPO on {parent} with its recipe raises held-out correctness, because the reward "
-                "separates correct from incorrect samples within groups."
-            )
-        else:
-            factor = ", ".join(change)
-            kind = "multi" if len({k.split(".")[0] for k in change}) > 1 else next(iter(change)).split(".")[0]
-            hypothesis = f"Changing {factor} from {parent} raises held-out correctness."
-        files = {
-            CONFIG_FILE: text,
-            VERSION_FILE: _version_toml(name, parent, kind, factor, change, hypothesis),
-        }
-        return Plan(
-            parent=parent,
-            name=name,
-            files=files,
-            kind=kind,
-            factor=factor,
-            change=change,
-            hypothesis=hypothesis,
-            success_criterion=(
-                "val correctness (greedy or sampled) rises with its 95% paired-bootstrap interval above 0"
-            ),
-            rollback=f"keep {parent}; the branch stays as negative evidence",
-        )
-
     def create_version(self, plan: Plan) -> VersionRecord:
         message = f"{plan.title}\n\nHypothesis: {plan.hypothesis}\nSuccess: {plan.success_criterion}\n"
-        sha = self.tree.create_child(plan.parent, plan.name, plan.files, message)
+        files = {
+            **plan.files,
+            VERSION_FILE: _version_toml(plan.name, plan.parent, plan.kind, plan.factor, plan.change, plan.hypothesis),
+        }
+        sha = self.tree.create_child(plan.parent, plan.name, files, message)
         intervention_id = f"{plan.name}-delta"
         with self.store.transaction():
             self.store.add_version(plan.name, plan.parent, self.tree.branch(plan.name), sha)
@@ -219,6 +177,10 @@ class Engine:
                 plan.hypothesis,
                 plan.success_criterion,
                 plan.rollback,
+                round=plan.round,
+                template=plan.template,
+                source=plan.source,
+                evidence=plan.evidence,
             )
             self.store.update_version(plan.name, intervention_id=intervention_id)
             self.store.add_event("version_created", {"parent": plan.parent, "title": plan.title}, version=plan.name)
@@ -267,11 +229,11 @@ class Engine:
         return verdict
 
     def decide(self, version: str, decision: str, reason: str) -> None:
-        if decision not in ("promoted", "rejected"):
-            raise ValueError(f"decision must be 'promoted' or 'rejected', not {decision!r}")
+        if decision not in DECISIONS:
+            raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         recorded = self.tree.decision(version)
         if recorded is None:
-            (self.tree.promote if decision == "promoted" else self.tree.reject)(version, reason)
+            self.tree.decide(decision, version, reason)
         elif recorded[0] != decision:
             raise ValueError(f"{version} is already {recorded[0]} in the version tree")
         # else: tagged before the store caught up (an engine that stopped in between)
@@ -305,43 +267,6 @@ class Engine:
         )
         if row and row[2]:
             self.store.update_version(version, val_greedy=row[0], val_sampled=row[1], val_n=row[2])
-
-    # -- the loop -----------------------------------------------------------------------------------
-    def run_versions(
-        self,
-        count: int,
-        approve: ApproveFn,
-        progress: ProgressFn | None = None,
-        on_verdict: Callable[[str, Verdict], None] | None = None,
-    ) -> list[str]:
-        """Build v0 if needed, then train `count` versions, each from the best promoted version.
-
-        `approve(question)` is asked at the gates the workspace switches on (design: before a
-        version trains; completion: before it is promoted or rejected).
-        """
-        self.ensure_base(progress)
-        trained: list[str] = []
-        for _ in range(count):
-            best = self.best_version()
-            assert best is not None  # v0 is promoted by ensure_base
-            plan = self.plan_child(best.name)
-            if self.config.gates.after_design and not approve(f"Train {plan.title}?"):
-                break
-            version = self.create_version(plan).name
-            self.train(version, progress)
-            trained.append(version)
-            verdict = self.judge(version)
-            if on_verdict is not None:
-                on_verdict(version, verdict)
-            decision = {"improved": "promoted", "regressed": "rejected"}.get(verdict.label)
-            if decision is None:
-                continue  # mixed or insufficient evidence: kept as trained, undecided
-            if self.config.gates.after_completion and not approve(
-                f"{'Promote' if decision == 'promoted' else 'Reject'} {version} ({verdict.summary()})?"
-            ):
-                continue
-            self.decide(version, decision, verdict.summary())
-        return trained
 
     # -- runs -----------------------------------------------------------------------------------
     def execute(
@@ -399,7 +324,7 @@ class Engine:
         if version is None:
             return None
         try:
-            diagnosis = diagnose(self.store, run, version, self.version_config(run.version), self.workspace.root)
+            diagnosis = diagnose(self.store, run, version, self.version_config(run.version), harness=self.harness())
             store_diagnosis(self.store, diagnosis)
         except Exception as exc:  # noqa: BLE001 - the engine carries on without a diagnosis
             self.store.add_event("diagnosis_failed", {"error": f"{type(exc).__name__}: {exc}"}, run_id=run.id)
@@ -493,9 +418,14 @@ class Engine:
         run = self.latest_run(version)
         record = self.store.get_version(version)
         assert record is not None
-        diagnosis = diagnose(self.store, run, record, self.version_config(version), self.workspace.root)
+        diagnosis = diagnose(self.store, run, record, self.version_config(version), harness=self.harness())
         store_diagnosis(self.store, diagnosis)
         return diagnosis
+
+    def harness(self) -> Harness:
+        """The workspace's harness as it is now (it evolves), limited to `harness_layers` if set."""
+        harness = load_harness(self.workspace.root)
+        return harness.only(self.harness_layers) if self.harness_layers else harness
 
     def train_run(self, version: str) -> RunRecord | None:
         runs = [r for r in self.store.list_runs(version) if r.kind == "train" and r.state == "succeeded"]

@@ -18,7 +18,7 @@ from gitdb import IStream
 
 BRANCH_PREFIX = "versions/"
 ACTOR = Actor("evotui", "evotui@localhost")
-DECISIONS = ("promoted", "rejected")
+DECISIONS = ("promoted", "rejected", "pruned")
 
 
 class VersionTreeError(RuntimeError):
@@ -110,20 +110,21 @@ class VersionTree:
             commit = commit.parents[0] if commit.parents else None
         return list(reversed(chain))
 
-    def _decide(self, kind: str, version: str, reason: str) -> None:
+    def decide(self, kind: str, version: str, reason: str) -> None:
+        """Tag `version` with its decision (promoted, rejected, pruned); a version is decided once."""
         for other in DECISIONS:
             if f"{other}/{version}" in self.repo.tags:
                 raise VersionTreeError(f"{version} is already {other}")
         self.repo.create_tag(f"{kind}/{version}", ref=self.commit_of(version), message=reason or kind)
 
     def promote(self, version: str, reason: str) -> None:
-        self._decide("promoted", version, reason)
+        self.decide("promoted", version, reason)
 
     def reject(self, version: str, reason: str) -> None:
-        self._decide("rejected", version, reason)
+        self.decide("rejected", version, reason)
 
     def decision(self, version: str) -> tuple[str, str] | None:
-        """('promoted' | 'rejected', reason) if a decision was recorded."""
+        """(decision, reason) if a decision was recorded."""
         for kind in DECISIONS:
             name = f"{kind}/{version}"
             if name in self.repo.tags:

@@ -1,4 +1,4 @@
-"""The headless command line: `evotui init | run | status | versions`."""
+"""The headless command line: `evotui init | run | status | versions | gates | approve | revise | abort | ...`."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.tree import Tree
 
+from engine.coach.gates import Answer, Gate, GateError, Gates, nobody
+from engine.coach.gates import auto_approve as auto_approve_gate
+from engine.coach.loop import Coach, CoachEvent
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.harness.diagnose import Diagnosis
 from engine.store import StoreLockedError, VersionRecord
-from engine.verdict import Verdict
 from engine.versions import VersionTreeError
 from engine.workspace import TEMPLATES, WorkspaceError, init_workspace
 
@@ -82,14 +85,31 @@ class _RunDisplay:
         self.progress.update(task, total=total, completed=completed, live=live)
 
 
-def _gate_prompt(auto_approve: bool):  # type: ignore[no-untyped-def]
-    def approve(question: str) -> bool:
-        if auto_approve:
-            console.print(f"[dim]gate: {question} -> approved (--auto-approve)[/]")
-            return True
-        return typer.confirm(question, default=False)
+def _terminal_answer(gate: Gate) -> Answer | None:
+    """Ask at the terminal: approve, revise (with feedback) or abort."""
+    console.print(f"[bold]gate {gate.id}[/] ({gate.kind}{', forced by consecutive failures' if gate.forced else ''})")
+    verb = typer.prompt(f"{gate.question} [approve/revise/abort]", default="approve").strip().lower()
+    while verb not in ("approve", "revise", "abort", "a", "r", "x"):
+        verb = typer.prompt("answer approve, revise or abort", default="approve").strip().lower()
+    verb = {"a": "approve", "r": "revise", "x": "abort"}.get(verb, verb)
+    feedback = typer.prompt("what should the next proposal do differently?") if verb == "revise" else ""
+    return Answer(verb, feedback, by="terminal")  # type: ignore[arg-type]
 
-    return approve
+
+def _event_line(event: CoachEvent) -> str | None:
+    style = {
+        "round": "bold",
+        "decision": "bold",
+        "verdict": "",
+        "proposal": "cyan",
+        "refused": "yellow",
+        "fallback": "yellow",
+        "escalation": "magenta",
+        "evolution": "magenta",
+        "waiting": "yellow",
+    }.get(event.kind, "dim")
+    text = escape(event.message)
+    return f"[{style}]{text}[/]" if style else text
 
 
 def _fmt(value: float | None, digits: int = 3) -> str:
@@ -131,19 +151,22 @@ def _training_table(engine: Engine, names: list[str]) -> Table | None:
 def run(
     workspace: WorkspaceArg,
     versions: Annotated[int, typer.Option(min=1, help="How many versions to train.")] = 1,
-    auto_approve: Annotated[bool, typer.Option("--auto-approve", help="Answer every gate with approve.")] = False,
+    auto_approve: Annotated[
+        bool, typer.Option("--auto-approve", help="Approve every gate, except those consecutive failures force.")
+    ] = False,
+    harness: Annotated[
+        str | None, typer.Option(help="full, or score-only (the ablation); default: [coach] harness.")
+    ] = None,
 ) -> None:
-    """Build v0 if needed, train VERSIONS versions with GRPO, judge them, and compare."""
+    """Run the coach: diagnose, propose, backtest, train and judge VERSIONS versions, and decide.
+
+    Gates ask at the terminal. Without one (and without --auto-approve), the loop stops at the
+    first gate; answer it with `evotui approve|revise|abort WS GATE_ID` and run again to resume.
+    """
+    if harness is not None and harness not in ("full", "score-only"):
+        _fail(ValueError(f"--harness must be full or score-only, not {harness!r}"))
     try:
         with Engine.open(workspace) as engine:
-            gates = engine.config.gates
-            if (gates.after_design or gates.after_completion) and not auto_approve and not sys.stdin.isatty():
-                _fail(
-                    WorkspaceError(
-                        "gates are on in workspace.toml [gates] but there is no terminal to answer them; "
-                        "pass --auto-approve, or switch the gates off"
-                    )
-                )
             console.print(f"Workspace [bold]{engine.workspace.root}[/] ({engine.config.workspace.name})")
             progress = Progress(
                 TextColumn("{task.description:<12}"),
@@ -154,30 +177,127 @@ def run(
                 console=console,
             )
 
-            def on_verdict(version: str, verdict: Verdict) -> None:
-                progress.console.print(f"{version}: {verdict.summary()}")
+            def on_event(event: CoachEvent) -> None:
+                if (line := _event_line(event)) is not None:
+                    progress.console.print(line, highlight=False)
 
             def on_diagnosis(diagnosis: Diagnosis) -> None:
                 progress.console.print(f"diagnosis of {diagnosis.run_id}:", highlight=False)
                 for line in diagnosis.headline():
-                    progress.console.print(f"  {line}", highlight=False)
+                    progress.console.print(f"  {escape(line)}", highlight=False)
 
             engine.on_diagnosis = on_diagnosis
-
+            if auto_approve:
+                answer = auto_approve_gate
+            elif sys.stdin.isatty():
+                answer = _terminal_answer
+            else:
+                answer = nobody
+            coach = Coach(engine, answer=answer, on_event=on_event, harness=harness)
             start = {v.name for v in engine.store.list_versions()}
             with progress:
-                trained = engine.run_versions(
-                    versions, _gate_prompt(auto_approve), _RunDisplay(progress), on_verdict=on_verdict
-                )
-            shown = ["v0", *trained] if "v0" not in start or trained else ["v0"]
+                result = coach.run(versions, _RunDisplay(progress))
+            shown = ["v0", *result.trained] if "v0" not in start or result.trained else ["v0"]
             console.print(_versions_table(engine, shown))
             if (training := _training_table(engine, shown)) is not None:
                 console.print(training)
+            if result.waiting is not None:
+                g = result.waiting
+                why = " (forced: consecutive failures)" if g.forced else ""
+                console.print(
+                    f"[yellow]gate {g.id} waits{why}:[/] {escape(g.question)}\n"
+                    f"  evotui gates {engine.workspace.root}   (its report)\n"
+                    f"  evotui approve|abort {engine.workspace.root} {g.id}, or "
+                    f"evotui revise {engine.workspace.root} {g.id} 'feedback'; then run again",
+                    highlight=False,
+                )
+            elif result.stopped:
+                console.print(f"[yellow]stopped:[/] {escape(result.stopped)}", highlight=False)
     except USER_ERRORS as exc:
         _fail(exc)
     except KeyboardInterrupt:
         err.print("[yellow]interrupted[/]: the run was stopped and marked failed; nothing else was lost")
         raise typer.Exit(130) from None
+
+
+def _answer_gate(workspace: Path, gate_id: str, answer: Answer) -> None:
+    try:
+        with Engine.open(workspace) as engine:
+            gate = Gates(engine.store).answer(gate_id, answer)
+    except (*USER_ERRORS, GateError) as exc:
+        _fail(exc)
+    console.print(f"gate {gate.id} ({gate.kind}, {gate.subject}): {gate.state}. `evotui run {workspace}` goes on.")
+
+
+GateArg = Annotated[str, typer.Argument(help="The gate id, e.g. g3 (see `evotui gates WS`).", show_default=False)]
+
+
+@app.command()
+def approve(workspace: WorkspaceArg, gate: GateArg) -> None:
+    """Approve a pending gate."""
+    _answer_gate(workspace, gate, Answer("approve", by="cli"))
+
+
+@app.command()
+def revise(
+    workspace: WorkspaceArg,
+    gate: GateArg,
+    feedback: Annotated[str, typer.Argument(help="What the next proposal should do differently.")],
+) -> None:
+    """Answer a pending gate with revise: the feedback goes into the next proposal."""
+    try:
+        answer = Answer("revise", feedback, by="cli")
+    except GateError as exc:
+        _fail(exc)
+    _answer_gate(workspace, gate, answer)
+
+
+@app.command()
+def abort(workspace: WorkspaceArg, gate: GateArg) -> None:
+    """Abort at a pending gate: the loop stops and what the round had not run is pruned."""
+    _answer_gate(workspace, gate, Answer("abort", by="cli"))
+
+
+@app.command()
+def gates(
+    workspace: WorkspaceArg,
+    all_gates: Annotated[bool, typer.Option("--all", help="Answered gates too.")] = False,
+) -> None:
+    """Gates waiting for an answer, with their reports."""
+    try:
+        with Engine.open(workspace) as engine:
+            store = Gates(engine.store)
+            shown = store.list() if all_gates else store.pending()
+    except USER_ERRORS as exc:
+        _fail(exc)
+    if not shown:
+        console.print("no gate is pending" if not all_gates else "no gates yet")
+    for g in shown:
+        forced = " [yellow]forced[/]" if g.forced else ""
+        console.print(f"[bold]{g.id}[/] {g.kind} {g.subject}: {g.state}{forced}", highlight=False)
+        console.print(f"  {escape(g.question)}", highlight=False)
+        for line in _report_lines(g.report.get("report")):
+            console.print(f"  {escape(line)}", highlight=False)
+        if g.feedback:
+            console.print(f"  feedback: {escape(g.feedback)}", highlight=False)
+
+
+def _report_lines(report: object) -> list[str]:
+    """A gate's report, briefly: proposals, backtests, a verdict, or a diagnosis headline."""
+    if isinstance(report, dict) and "proposals" in report:
+        lines = [f"rationale: {report.get('rationale', '')}"]
+        for p in report["proposals"]:
+            lines.append(f"- {p['title']}")
+            lines.append(f"  hypothesis: {p['intervention']['hypothesis']}")
+        return lines
+    if isinstance(report, list):
+        return [f"- {r['title']}: {r['backtest']['summary']}" for r in report]
+    if isinstance(report, dict) and "verdict" in report:
+        return [f"verdict: {report['verdict']}", f"proposed: {report['decision']} ({report['reason']})"]
+    if isinstance(report, dict) and "rules" in report:
+        rules = report["rules"]
+        return [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules] or ["no rule fired"]
+    return []
 
 
 @app.command()

@@ -21,11 +21,39 @@ def test_init_creates_a_repository_and_refuses_a_non_empty_directory(tmp_path: P
     assert unknown.exit_code == 1 and "unknown template 'nope'; available: sample" in unknown.output
 
 
-def test_run_refuses_to_guess_gate_answers_without_a_terminal(tiny_workspace: Workspace) -> None:
-    result = runner.invoke(app, ["run", str(tiny_workspace.root)])
-    assert result.exit_code == 1
-    assert "--auto-approve" in result.output
-    assert not (tiny_workspace.runs_dir).exists()  # nothing was started
+def flat(output: str) -> str:
+    """Console output with rich's line wrapping undone."""
+    return " ".join(output.split())
+
+
+def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_workspace: Workspace) -> None:
+    ws = str(tiny_workspace.root)
+    first = runner.invoke(app, ["run", ws])
+    assert first.exit_code == 0, first.output
+    assert "gate g1 waits" in flat(first.output) and f"evotui approve|abort {ws} g1" in flat(first.output)
+    assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]  # v0 only: no branch ran
+    listed = flat(runner.invoke(app, ["gates", ws]).output)
+    assert "g1 after_design round1-design0: pending" in listed and "hypothesis: If " in listed
+    assert "learning_rate" in listed  # the stalled base gets a learning-rate branch first
+
+    assert runner.invoke(app, ["revise", ws, "g1", " "]).exit_code == 1  # revise needs feedback
+    revised = runner.invoke(app, ["revise", ws, "g1", "avoid the learning rate"])
+    assert revised.exit_code == 0 and "revised" in revised.output
+    second = runner.invoke(app, ["run", ws])
+    assert "gate g2 waits" in flat(second.output)
+    proposals = flat(runner.invoke(app, ["gates", ws]).output)
+    assert "g2 after_design round1-design1" in proposals and "learning_rate" not in proposals
+
+    again = runner.invoke(app, ["approve", ws, "g1"])
+    assert again.exit_code == 1 and "already answered" in flat(again.output)
+    assert runner.invoke(app, ["abort", ws, "g2"]).exit_code == 0
+    third = runner.invoke(app, ["run", ws])  # the abort takes effect: the round is rolled back, the loop stops
+    assert "stopped: aborted at gate g2 (after_design)" in flat(third.output)
+    fourth = runner.invoke(app, ["run", ws])
+    assert "gate g3 waits" in flat(fourth.output)  # a new round after the aborted one
+    assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]
+    history = flat(runner.invoke(app, ["gates", ws, "--all"]).output)
+    assert "g2 after_design round1-design1: aborted" in history and "feedback: avoid the learning rate" in history
 
 
 def test_a_bad_workspace_toml_is_reported_not_raised(tiny_workspace: Workspace) -> None:

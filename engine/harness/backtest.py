@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from engine.domains import Domain
 from engine.harness.analyzers.signal import DEAD_STD
+from engine.runs.group_filter import GroupFilter
 from engine.store import Store
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -139,15 +140,11 @@ def filter_backtest(
     )
     if not stats:
         raise ValueError(f"run {run_id} has no train rollouts")
-    threshold = std_threshold
+    group_filter = GroupFilter(std_threshold, keep_ratio, ema)
     kept = total = dead_kept = dead_total = 0
     for _, spreads in stats:  # one iteration per step; the groups of a step are one array
         s = np.asarray(spreads, dtype=float)
-        if ema is not None:
-            threshold = ema * threshold + (1 - ema) * float(np.median(s))
-        keep = s > threshold
-        if keep_ratio is not None:
-            keep &= np.arange(len(s)) < max(1, int(round(keep_ratio * len(s))))
+        keep = group_filter.keep(s)
         kept += int(keep.sum())
         total += len(s)
         dead_kept += int((keep & (s < DEAD_STD)).sum())

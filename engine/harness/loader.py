@@ -19,6 +19,7 @@ import hashlib
 import importlib.util
 import sys
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,6 +39,16 @@ class Harness:
     #: Findings about the harness itself (a workspace file that failed to load).
     problems: list[Finding] = field(default_factory=list)
     revision: str = f"built-in {__version__}"
+
+    def only(self, layers: Sequence[str]) -> Harness:
+        """The same harness with the analyzers of `layers` alone (rules stay: without their
+        findings they cannot fire). `--harness score-only` is the ablation of the other layers."""
+        return Harness(
+            [a for a in self.analyzers if a.layer in layers],
+            list(self.rules),
+            list(self.problems),
+            f"{self.revision} (layers: {', '.join(layers)})",
+        )
 
 
 def error_location(exc: BaseException, file: Path) -> str:

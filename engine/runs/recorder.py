@@ -36,6 +36,8 @@ class RolloutRecorder:
         self.components = list(domain.reward_components)
         self._tasks: dict[str, Task] = {t.task_id: t for t in domain.tasks("train")}
         self._pending: dict[str, list[float]] = {}
+        #: The weighted reward of each completion of the last batch, in batch order (the group filter reads it).
+        self.last_rewards: list[float] = []
 
     @property
     def reward_weights(self) -> list[float]:
@@ -90,6 +92,7 @@ class RolloutRecorder:
             # Same rule as TRL's completions/clipped_ratio: no EOS at the end means truncated.
             batch.truncated.append(not ids or ids[-1] not in self.stop_ids)
             batch.completion_length.append(len(ids))
+        self.last_rewards = list(batch.reward)
         file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         if self.events is not None:
             self.events.write("rollouts", step=step, split="train", file=file, rows=len(batch))

@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
@@ -23,6 +24,7 @@ from engine.domains import Domain, make_domain
 from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
 from engine.runs.evaluate import evaluate
+from engine.runs.group_filter import GroupFilter
 from engine.runs.recorder import RolloutRecorder
 from engine.runs.spec import RunSpec
 
@@ -120,7 +122,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
     recorder = RolloutRecorder(
         spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
     )
-    return GRPOTrainer(
+    trainer = FilteringGRPOTrainer(
         model=model,
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
@@ -128,6 +130,32 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         train_dataset=grpo_dataset(domain),
         callbacks=[_EventCallback(spec, run_dir, events, tokenizer)],
     )
+    trainer.group_filter = GroupFilter.from_config(recipe.group_filter)
+    trainer.recorder = recorder
+    return trainer
+
+
+class FilteringGRPOTrainer(GRPOTrainer):
+    """TRL's GRPOTrainer with the dead-group aware group filter: after TRL scores a generation
+    batch, the completions of dropped groups leave the loss mask (and the token count that
+    normalizes the loss), so they neither move the policy nor dilute the groups that do."""
+
+    group_filter: GroupFilter | None = None
+    recorder: RolloutRecorder | None = None
+
+    def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        output = super()._generate_and_score_completions(inputs)
+        if self.group_filter is None or self.recorder is None or not self.model.training:
+            return output
+        rewards = np.asarray(self.recorder.last_rewards, dtype=float).reshape(-1, self.num_generations)
+        keep = self.group_filter.keep(rewards.std(axis=1))
+        rows = torch.as_tensor(np.repeat(keep, self.num_generations), device=output["completion_mask"].device)
+        output["completion_mask"] = output["completion_mask"] * rows.unsqueeze(1).int()
+        loss_mask = output["completion_mask"] * output.get("tool_mask", 1)
+        output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+        self._metrics["train"]["filter/keep_ratio"].append(float(keep.mean()))
+        self._metrics["train"]["filter/threshold"].append(self.group_filter.threshold)
+        return output
 
 
 class _EventCallback(TrainerCallback):

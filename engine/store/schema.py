@@ -130,6 +130,94 @@ MIGRATIONS: list[str] = [
         created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
     );
     """,
+    # 3: the coach: rounds, gates, case memory, retrieval trace, model calls, harness evolution.
+    """
+    ALTER TABLE interventions ADD COLUMN round INTEGER;       -- the coach round that proposed it
+    ALTER TABLE interventions ADD COLUMN template VARCHAR;    -- catalog template, '' when a model wrote it
+    ALTER TABLE interventions ADD COLUMN source VARCHAR;      -- planner, skill:<id>, case, feedback, model
+    ALTER TABLE interventions ADD COLUMN evidence JSON;       -- rules and findings the proposal cites
+    CREATE TABLE rounds (
+        id         INTEGER PRIMARY KEY,
+        parent     VARCHAR NOT NULL,          -- the version the round branches from
+        state      VARCHAR NOT NULL,          -- open, done, aborted
+        stage      VARCHAR NOT NULL,          -- diagnosis, design, backtest, run, done
+        backend    VARCHAR NOT NULL,
+        harness    VARCHAR NOT NULL,          -- full, score-only
+        escalated  BOOLEAN NOT NULL DEFAULT false,
+        diagnosis  VARCHAR,                   -- id of the diagnosis it reasoned from
+        rationale  VARCHAR,
+        proposals  JSON,                      -- the interventions, with their backtests and outcomes
+        started_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+        ended_at   TIMESTAMP
+    );
+    CREATE TABLE gates (
+        id          VARCHAR PRIMARY KEY,      -- g1, g2, ...
+        round       INTEGER,
+        kind        VARCHAR NOT NULL,         -- after_diagnosis, after_design, after_backtest, after_completion
+        subject     VARCHAR NOT NULL,         -- what it is about: the round, or a version
+        question    VARCHAR NOT NULL,
+        report      JSON NOT NULL,            -- the structured report a person decides on
+        forced      BOOLEAN NOT NULL,         -- switched on by consecutive failures
+        state       VARCHAR NOT NULL,         -- pending, approved, revised, aborted
+        feedback    VARCHAR,                  -- the text of a revise answer
+        answered_by VARCHAR,                  -- terminal, cli, auto
+        created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp,
+        answered_at TIMESTAMP
+    );
+    CREATE TABLE cases (
+        id         VARCHAR PRIMARY KEY,       -- the version it records
+        signature  VARCHAR NOT NULL,          -- the parent's failure signature: sorted fired rules
+        domain     VARCHAR NOT NULL,
+        parent     VARCHAR NOT NULL,
+        kind       VARCHAR NOT NULL,
+        template   VARCHAR,
+        factor     VARCHAR NOT NULL,
+        verdict    VARCHAR,
+        decision   VARCHAR NOT NULL,          -- promoted, rejected, pruned, failed
+        outcome    VARCHAR NOT NULL,          -- the reason, in words
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    CREATE SEQUENCE retrievals_id_seq;
+    CREATE TABLE retrievals (
+        id         BIGINT PRIMARY KEY DEFAULT nextval('retrievals_id_seq'),
+        round      INTEGER,
+        source     VARCHAR NOT NULL,          -- literature, skills, cases
+        query      VARCHAR NOT NULL,
+        hits       JSON NOT NULL,
+        adopted    JSON NOT NULL,             -- which hits the proposals used
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    CREATE SEQUENCE model_calls_id_seq;
+    CREATE TABLE model_calls (
+        id            BIGINT PRIMARY KEY DEFAULT nextval('model_calls_id_seq'),
+        round         INTEGER,
+        backend       VARCHAR NOT NULL,
+        model         VARCHAR NOT NULL,
+        purpose       VARCHAR NOT NULL,
+        input_tokens  INTEGER NOT NULL,
+        output_tokens INTEGER NOT NULL,
+        ok            BOOLEAN NOT NULL,
+        error         VARCHAR,
+        seconds       DOUBLE,
+        created_at    TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    CREATE TABLE harness_proposals (
+        id          VARCHAR PRIMARY KEY,
+        round       INTEGER,
+        name        VARCHAR NOT NULL,
+        layer       VARCHAR NOT NULL,
+        spec        JSON NOT NULL,
+        source      VARCHAR NOT NULL,         -- template or model
+        auc         DOUBLE,                   -- separation of improved vs regressed past versions
+        n_improved  INTEGER NOT NULL,
+        n_regressed INTEGER NOT NULL,
+        adopted     BOOLEAN NOT NULL,
+        reason      VARCHAR NOT NULL,
+        file        VARCHAR,                  -- the workspace harness file, when adopted
+        commit_sha  VARCHAR,
+        created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -159,12 +159,29 @@ class Store:
         hypothesis: str,
         success_criterion: str,
         rollback: str,
+        *,
+        round: int | None = None,
+        template: str | None = None,
+        source: str | None = None,
+        evidence: Sequence[str] = (),
     ) -> None:
         self.con.execute(
-            "INSERT INTO interventions"
-            " (id, version, kind, factor, change, hypothesis, success_criterion, rollback)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [id, version, kind, factor, json.dumps(change), hypothesis, success_criterion, rollback],
+            "INSERT INTO interventions (id, version, kind, factor, change, hypothesis, success_criterion, rollback,"
+            " round, template, source, evidence) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [
+                id,
+                version,
+                kind,
+                factor,
+                json.dumps(change),
+                hypothesis,
+                success_criterion,
+                rollback,
+                round,
+                template,
+                source,
+                json.dumps(list(evidence)),
+            ],
         )
 
     def get_intervention(self, id: str) -> dict[str, Any] | None:
@@ -174,6 +191,7 @@ class Store:
             return None
         out = dict(zip([d[0] for d in cur.description], rows[0], strict=True))
         out["change"] = json.loads(out["change"])
+        out["evidence"] = json.loads(out["evidence"]) if out.get("evidence") else []
         return out
 
     # -- runs -----------------------------------------------------------------------------------

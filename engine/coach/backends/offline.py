@@ -1,0 +1,210 @@
+"""The offline reasoning backend: a deterministic planner over the intervention catalog.
+
+It reasons only from what the harness and memory say (the rules that fired, the verdicts of past
+versions, matching cases and skills, a person's feedback), never from knowledge of the tasks:
+
+1. validated skills whose trigger matches come first;
+2. then catalog templates that answer the rules that fired, bottleneck first;
+3. then general templates (for "nothing is wrong but nothing improves");
+minus what was tried from this parent, what case memory says failed under the same signature,
+and what feedback rules out. Escalation reorders: removing before adding, and layers the last
+failures did not touch before those they did.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from engine.coach.backends.base import AnalyzerSpec, ModelCall, PlanningContext, Proposals
+from engine.coach.interventions import CATALOG, KIND_LAYER, TEMPLATES, Intervention, Template
+
+_NEGATION = re.compile(r"\b(no|not|don't|dont|avoid|stop|without|never)\b")
+
+
+#: Words a person (or a literature note) uses for what a template changes.
+_TERMS = {
+    "raise_lr": {"learning rate", "lr"},
+    "lower_lr": {"learning rate", "lr"},
+    "temperature_up": {"temperature"},
+    "clip_higher": {"clip-higher", "clip higher", "epsilon_high"},
+    "kl_anchor": {"kl", "beta"},
+    "group_filter": {"filter", "filtering"},
+    "relax_filter": {"filter", "filtering"},
+    "continuous_correctness": {"continuous", "closeness", "partial credit"},
+    "more_generations": {"group size", "generations"},
+    "longer_budget": {"completion length", "truncation"},
+    "longer_training": {"steps", "longer training"},
+    "easier_mix": {"difficulty", "easier"},
+    "more_eval_seeds": {"seeds", "noise floor"},
+    "drop_shaping": {"shaping", "shaped"},
+    "format_weight": {"format"},
+    "dr_grpo": {"dr. grpo", "dr_grpo", "length normalization"},
+}
+
+
+def _terms(t: Template) -> set[str]:
+    return {t.name.replace("_", " "), t.kind} | _TERMS.get(t.name, set())
+
+
+def feedback_preferences(feedback: list[str]) -> tuple[set[str], set[str]]:
+    """(preferred, excluded) template names from free-text feedback, newest feedback winning."""
+    preferred: set[str] = set()
+    excluded: set[str] = set()
+    for text in feedback:
+        for sentence in re.split(r"[.;\n]+", text.lower()):
+            negated = bool(_NEGATION.search(sentence))
+            for t in CATALOG:
+                if any(re.search(rf"\b{re.escape(term)}\b", sentence) for term in _terms(t)):
+                    (excluded if negated else preferred).add(t.name)
+                    (preferred if negated else excluded).discard(t.name)
+    return preferred, excluded
+
+
+def signals(ctx: PlanningContext) -> list[str]:
+    """Rules that fired on the parent (bottleneck first), plus what the ledger says about the
+    parent's last child: 'insufficient_evidence' or 'regressed'."""
+    out = [r["rule"] for r in (ctx.diagnosis or {}).get("rules", [])]
+    children = [h for h in ctx.history if h.get("parent") == ctx.parent and h.get("verdict")]
+    if children:
+        last = children[-1]["verdict"]
+        if last in ("insufficient evidence", "mixed"):
+            out.append("insufficient_evidence")
+        elif last == "regressed":
+            out.append("regressed")
+    return out
+
+
+class OfflinePlanner:
+    name = "offline"
+
+    def __init__(self) -> None:
+        self.calls: list[ModelCall] = []
+
+    def candidates(self, ctx: PlanningContext) -> list[tuple[Template, str, list[str]]]:
+        """(template, source, evidence) in the order the planner would try them."""
+        fired = signals(ctx)
+        rules = {r["rule"]: r for r in (ctx.diagnosis or {}).get("rules", [])}
+        preferred, excluded = feedback_preferences(ctx.feedback)
+        failed_here = {
+            c["template"] for c in ctx.cases if c.get("exact") and c.get("decision") in ("rejected", "pruned", "failed")
+        }
+        ordered: list[tuple[Template, str, list[str]]] = []
+
+        def evidence_for(t: Template) -> list[str]:
+            out = []
+            for name in fired:
+                if name in t.triggers:
+                    out.append(f"rule:{name}")
+                    out += [f"finding:{m}" for m in rules.get(name, {}).get("metrics", [])]
+            return out
+
+        for card in ctx.skills:
+            template = TEMPLATES.get(card.get("intervention", {}).get("template", ""))
+            if template is not None:
+                ordered.append((template, f"skill:{card['id']}", [f"skill:{card['id']}", *evidence_for(template)]))
+        for name in fired:
+            ordered += [(t, "planner", evidence_for(t)) for t in CATALOG if name in t.triggers]
+        ordered += [(t, "planner", ["no rule fired: general improvement"]) for t in CATALOG if "" in t.triggers]
+
+        seen: set[str] = set()
+        kept = []
+        for t, source, evidence in ordered:
+            if t.name in seen or t.name in excluded or t.name in ctx.tried:
+                continue
+            if t.name in failed_here and not ctx.escalated:
+                continue
+            seen.add(t.name)
+            kept.append((t, "feedback" if t.name in preferred else source, evidence))
+        # Feedback that names a template brings it in even if no rule asked for it.
+        for name in sorted(preferred - seen - excluded - set(ctx.tried)):
+            kept.append((TEMPLATES[name], "feedback", ["feedback"]))
+        rank = {t.name: i for i, (t, _, _) in enumerate(kept)}
+
+        def key(item: tuple[Template, str, list[str]]) -> tuple[int, ...]:
+            t, source, _ = item
+            failed_layers = {KIND_LAYER.get(h.get("kind") or "", "") for h in ctx.history[-3:]}
+            escalation = (KIND_LAYER[t.kind] in failed_layers, not t.removes) if ctx.escalated else (0, 0)
+            return (source != "feedback", *escalation, rank[t.name])
+
+        return sorted(kept, key=key)
+
+    def propose(self, ctx: PlanningContext) -> Proposals:
+        chosen: list[Intervention] = []
+        factors: set[str] = set()
+        notes = []
+        for template, source, evidence in self.candidates(ctx):
+            iv = template.propose(ctx.parent_config, evidence, source)
+            if iv is None:  # does not apply to this recipe (e.g. already at the value)
+                continue
+            if factors & set(iv.factors):
+                continue  # one factor per branch, each branch a different factor
+            literature = [h["doc"] for h in ctx.literature if _mentions(h, template)]
+            iv.evidence += [f"literature:{doc}" for doc in dict.fromkeys(literature)]
+            chosen.append(iv)
+            factors |= set(iv.factors)
+            notes.append(f"{template.name} ({source})")
+            if len(chosen) == ctx.branches:
+                break
+        fired = signals(ctx)
+        why = f"signals: {', '.join(fired) or 'none'}" + ("; escalated" if ctx.escalated else "")
+        return Proposals(chosen, f"{why}; chosen: {', '.join(notes) or 'nothing applicable'}", self.name)
+
+    def propose_analyzer(self, anomaly: dict[str, Any], ctx: PlanningContext) -> list[AnalyzerSpec]:
+        """Analyzer templates over data every run stores: reward components, lengths, diversity
+        and the optimizer metrics, each one number per run."""
+        train = "FROM rollouts WHERE run_id = $run AND split = 'train'"
+        specs = [
+            AnalyzerSpec(
+                name=f"component_{c}_mean",
+                layer="signal",
+                sql=f"SELECT avg(reward_components['{c}']) {train}",
+                explanation=f"mean of the {c} reward component over the run",
+                template="component_mean",
+            )
+            for c in anomaly.get("components", [])
+            if re.fullmatch(r"[a-z_]+", c)
+        ]
+        specs += [
+            AnalyzerSpec(
+                name="completion_length_mean",
+                layer="behavior",
+                sql=f"SELECT avg(completion_length) {train}",
+                explanation="mean completion length over the run",
+                template="length",
+            ),
+            AnalyzerSpec(
+                name="short_completion_share",
+                layer="behavior",
+                sql=f"""SELECT avg((completion_length < 0.5 * (SELECT median(completion_length) {train}))::INT)
+                        {train}""",
+                explanation="share of completions shorter than half the run's median length",
+                template="short_share",
+            ),
+            AnalyzerSpec(
+                name="distinct_completion_share",
+                layer="behavior",
+                sql=f"SELECT count(DISTINCT completion) / count(*) {train}",
+                explanation="distinct completions per rollout over the run",
+                template="distinct",
+            ),
+        ]
+        for key in anomaly.get("metric_keys", []):
+            if re.fullmatch(r"[A-Za-z_/]+", key):
+                slug = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
+                specs.append(
+                    AnalyzerSpec(
+                        name=f"metric_{slug}_last",
+                        layer="signal",
+                        sql=f"""SELECT avg(value) FROM metrics WHERE run_id = $run AND key = '{key}'
+                                AND step > (SELECT max(step) - 10 FROM metrics WHERE run_id = $run)""",
+                        explanation=f"{key} over the run's last 10 steps",
+                        template="metric_last",
+                    )
+                )
+        return specs
+
+
+def _mentions(hit: dict[str, Any], template: Template) -> bool:
+    text = f"{hit.get('title', '')} {hit.get('excerpt', '')}".lower()
+    return any(term in text for term in _TERMS.get(template.name, ()))

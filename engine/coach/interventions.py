@@ -1,0 +1,326 @@
+"""The intervention catalog: typed single-factor changes of a version's workspace.toml.
+
+An intervention (Δ) changes one *factor* of the parent's configuration: one optimizer knob, the
+reward composition, the group filter, the data mix, a budget, or the evaluation protocol. Each
+carries a hypothesis, a falsifiable success criterion and a rollback. Applying one gives the
+child's `workspace.toml` text, validated like any workspace file, which `Engine.create_version`
+commits on a new version branch.
+
+Templates (`CATALOG`) are what the offline planner proposes from; a model backend may propose
+any change of the same shape, and `check()` holds both to the same rules.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.config import WorkspaceConfig, parse_config
+
+Kind = Literal["reward", "filter", "optimizer", "data", "budget", "environment", "evaluation"]
+KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
+
+#: Paths under these prefixes are one factor together (a reward *composition*, a filter *setting*).
+FACTOR_GROUPS = ("recipe.rewards", "recipe.group_filter")
+
+#: Layer of the harness an intervention kind mainly acts on (escalation switches layers).
+KIND_LAYER = {
+    "reward": "signal",
+    "filter": "signal",
+    "optimizer": "signal",
+    "data": "score",
+    "budget": "behavior",
+    "environment": "behavior",
+    "evaluation": "score",
+}
+
+DEFAULT_CRITERION = "val correctness (greedy or sampled) rises with its 95% paired-bootstrap interval above 0"
+
+
+class InterventionError(ValueError):
+    """A proposed intervention that cannot be applied: says which field and why."""
+
+
+class Intervention(BaseModel):
+    """One proposed change of a version (what a planner or a model proposes)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Kind
+    changes: dict[str, Any] = Field(
+        min_length=1, description="Dotted workspace.toml paths -> new values, e.g. {'recipe.learning_rate': 4e-5}."
+    )
+    hypothesis: str = Field(min_length=1, description="If X then Y, because Z.")
+    success_criterion: str = DEFAULT_CRITERION
+    rollback: str = "keep the parent; this branch stays as negative evidence"
+    evidence: list[str] = Field(default_factory=list, description="Rules and findings the proposal rests on.")
+    template: str = Field("", description="Catalog template it came from ('' when written by a model).")
+    source: str = Field("planner", description="planner, skill:<id>, case, feedback or model.")
+
+    @property
+    def factors(self) -> list[str]:
+        """The distinct factors the change touches (a reward composition counts as one)."""
+        out: dict[str, None] = {}
+        for path in self.changes:
+            group = next((g for g in FACTOR_GROUPS if path == g or path.startswith(g + ".")), path)
+            out[group] = None
+        return list(out)
+
+    @property
+    def factor(self) -> str:
+        return ", ".join(self.factors)
+
+    def title(self, parent: WorkspaceConfig | None = None) -> str:
+        before = _flatten(parent.model_dump(mode="json")) if parent is not None else {}
+        parts = []
+        for path, value in self.changes.items():
+            old = before.get(path, "unset") if parent is not None else None
+            parts.append(f"{path} {old!r} -> {value!r}" if parent is not None else f"{path} = {value!r}")
+        return f"{self.kind}: " + ", ".join(parts)
+
+
+def check(iv: Intervention) -> None:
+    """Refuse multi-factor changes that cite no evidence (DESIGN: one factor per version)."""
+    if len(iv.factors) > 1 and not iv.evidence:
+        raise InterventionError(
+            f"intervention changes {len(iv.factors)} factors ({iv.factor}) without evidence; "
+            "propose one factor, or cite the findings that justify changing them together"
+        )
+
+
+def apply(iv: Intervention, parent_text: str, source: Path, root: Path | None = None) -> tuple[str, WorkspaceConfig]:
+    """The child's workspace.toml text and its validated config. Raises InterventionError naming
+    the path or field that is wrong."""
+    check(iv)
+    data = tomllib.loads(parent_text)
+    for path, value in iv.changes.items():
+        _set(data, path, value)
+    text = tomli_w.dumps(data)
+    try:
+        config = parse_config(text, source, root)
+    except Exception as exc:  # WorkspaceConfigError names the field; keep its message
+        raise InterventionError(f"intervention {iv.title()} gives an invalid workspace.toml: {exc}") from None
+    return text, config
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    keys = path.split(".")
+    node = data
+    for key in keys[:-1]:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise InterventionError(f"cannot set {path!r}: {key!r} is a value, not a table")
+        node = child
+    if value is None:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and name != "recipe.rewards":
+            out.update(_flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict[str, Any]]:
+    """Every dotted path whose value differs, as ``{path: {"from": a, "to": b}}``."""
+    a = _flatten(old.model_dump(mode="json"))
+    b = _flatten(new.model_dump(mode="json"))
+    return {k: {"from": a.get(k), "to": b.get(k)} for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k)}
+
+
+# -- the catalog ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Template:
+    """A catalog entry: when it applies (the rules it answers) and how it changes a config."""
+
+    name: str
+    kind: Kind
+    #: Rules whose firing makes this template a candidate ("" = general: when no rule fired).
+    triggers: tuple[str, ...]
+    #: Removes or weakens something (escalation prefers these).
+    removes: bool
+    make: Callable[[WorkspaceConfig], dict[str, Any] | None]
+    because: str
+
+    def propose(self, config: WorkspaceConfig, evidence: list[str], source: str = "planner") -> Intervention | None:
+        changes = self.make(config)
+        if not changes:
+            return None
+        draft = Intervention(
+            kind=self.kind, changes=changes, hypothesis="-", evidence=evidence, template=self.name, source=source
+        )
+        what = draft.title(config).split(": ", 1)[1]
+        return draft.model_copy(update={"hypothesis": f"If {what}, val correctness rises, because {self.because}."})
+
+
+def _rewards(config: WorkspaceConfig, **weights: float) -> dict[str, Any] | None:
+    new = {**config.recipe.rewards, **weights}
+    new = {k: v for k, v in new.items() if v}
+    return {"recipe.rewards": new} if new != config.recipe.rewards and new else None
+
+
+def _scaled(value: float, factor: float, digits: int = 3) -> float:
+    return float(f"{value * factor:.{digits}g}")
+
+
+def _filter(config: WorkspaceConfig, **fields: Any) -> dict[str, Any] | None:
+    current = config.recipe.group_filter.model_dump()
+    new = {**current, **fields}
+    return {"recipe.group_filter": new} if new != current else None
+
+
+CATALOG: list[Template] = [
+    Template(
+        "continuous_correctness",
+        "reward",
+        ("insufficient_signal", "dead_training"),
+        False,
+        lambda c: _rewards(c, closeness=0.5) if "closeness" not in c.recipe.rewards else None,
+        "a continuous correctness component gives groups with equal binary rewards a spread to learn from",
+    ),
+    Template(
+        "group_filter",
+        "filter",
+        ("insufficient_signal", "dead_training"),
+        False,
+        lambda c: _filter(c, enabled=True, std_threshold=1e-3) if not c.recipe.group_filter.enabled else None,
+        "dropping groups without reward spread stops them from diluting the loss of the groups that have one",
+    ),
+    Template(
+        "relax_filter",
+        "filter",
+        ("over_filtering",),
+        True,
+        lambda c: _filter(c, enabled=False) if c.recipe.group_filter.enabled else None,
+        "the filter keeps too few groups for a stable gradient",
+    ),
+    Template(
+        "more_generations",
+        "optimizer",
+        ("insufficient_signal",),
+        False,
+        lambda c: {"recipe.num_generations": c.recipe.num_generations * 2} if c.recipe.num_generations < 16 else None,
+        "larger groups are less often all-right or all-wrong, so fewer groups are dead",
+    ),
+    Template(
+        "drop_shaping",
+        "reward",
+        ("reward_hacking", "length_gaming"),
+        True,
+        lambda c: _rewards(c, **{k: 0.0 for k in c.recipe.rewards if k != "correctness"}),
+        "the shaped components are rewarded without raising correctness; correctness alone cannot be gamed",
+    ),
+    Template(
+        "format_weight",
+        "reward",
+        ("format_gate",),
+        False,
+        lambda c: _rewards(c, format=max(0.2, 2 * c.recipe.rewards.get("format", 0.0))),
+        "a stronger format reward teaches the answer format that correctness is read from",
+    ),
+    Template(
+        "longer_budget",
+        "budget",
+        ("truncation",),
+        False,
+        lambda c: {"recipe.max_completion_length": int(c.recipe.max_completion_length * 1.5)},
+        "truncated completions lose their final answer; a longer budget lets them finish",
+    ),
+    Template(
+        "dr_grpo",
+        "optimizer",
+        ("length_gaming",),
+        True,
+        lambda c: {"recipe.loss_type": "dr_grpo"} if c.recipe.loss_type != "dr_grpo" else None,
+        "Dr. GRPO removes the per-sequence length normalization that favors long wrong answers",
+    ),
+    Template(
+        "clip_higher",
+        "optimizer",
+        ("exploration_collapse",),
+        False,
+        lambda c: (
+            {"recipe.epsilon_high": round((c.recipe.epsilon_high or c.recipe.epsilon) + 0.07, 3)}
+            if (c.recipe.epsilon_high or 0) < 0.4
+            else None
+        ),
+        "a higher upper clip lets rare good tokens grow and keeps entropy from collapsing (DAPO clip-higher)",
+    ),
+    Template(
+        "lower_lr",
+        "optimizer",
+        ("exploration_collapse", "reward_hacking", "regressed"),
+        True,
+        lambda c: {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 0.5)},
+        "smaller steps keep the policy near the parent's behavior while the reward still moves it",
+    ),
+    Template(
+        "raise_lr",
+        "optimizer",
+        ("", "dead_training"),
+        False,
+        lambda c: (
+            {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 2.0)} if c.recipe.learning_rate < 1e-4 else None
+        ),
+        "the reward spread is there but the policy moves too little in the run's steps",
+    ),
+    Template(
+        "temperature_up",
+        "optimizer",
+        ("exploration_collapse", ""),
+        False,
+        lambda c: {"recipe.temperature": round(c.recipe.temperature + 0.2, 2)} if c.recipe.temperature < 1.4 else None,
+        "more diverse samples give more groups a mix of right and wrong answers",
+    ),
+    Template(
+        "kl_anchor",
+        "optimizer",
+        ("reward_hacking",),
+        False,
+        lambda c: {"recipe.beta": 0.04} if c.recipe.beta == 0 else None,
+        "a KL anchor to the parent limits drift toward what the shaped reward pays for",
+    ),
+    Template(
+        "longer_training",
+        "budget",
+        ("",),
+        False,
+        lambda c: {"recipe.steps": int(c.recipe.steps * 2)} if c.recipe.steps * 2 <= c.budget.max_train_steps else None,
+        "the reward was still rising when the run ended",
+    ),
+    Template(
+        "easier_mix",
+        "data",
+        ("insufficient_signal", "dead_training"),
+        True,
+        lambda c: (
+            {"domain.max_operands": c.domain.max_operands - 1}
+            if getattr(c.domain, "max_operands", 0) > getattr(c.domain, "min_operands", 99)
+            else None
+        ),
+        "easier prompts are solved sometimes rather than never, so their groups carry a signal",
+    ),
+    Template(
+        "more_eval_seeds",
+        "evaluation",
+        ("insufficient_evidence",),
+        False,
+        lambda c: {"eval.sampled_seeds": c.eval.sampled_seeds * 2} if c.eval.sampled_seeds < 8 else None,
+        "more sampled passes over val narrow the noise floor, so a real gain can clear it",
+    ),
+]
+
+TEMPLATES = {t.name: t for t in CATALOG}

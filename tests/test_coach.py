@@ -1,0 +1,405 @@
+"""The coach: interventions, the offline planner, gates, decisions, memory, harness evolution and
+backend fallback. Everything here runs without training; the real loop is the slow test at the end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.coach.backends.base import AnalyzerSpec, BackendError, ModelCall, PlanningContext, Proposals
+from engine.coach.backends.offline import OfflinePlanner, feedback_preferences
+from engine.coach.evolution import UnsafeSQLError, check_sql, evolve, find_anomaly
+from engine.coach.gates import Answer, GateError, Gates, auto_approve
+from engine.coach.interventions import TEMPLATES, Intervention, InterventionError, apply, check
+from engine.coach.loop import Coach, WaitingAtGate, proposed_decision
+from engine.coach.memory import Memory, failure_signature
+from engine.config import CONFIG_FILE, parse_config
+from engine.core import Engine, Plan
+from engine.harness.loader import load_harness
+from engine.runs.group_filter import GroupFilter
+from engine.store import Store
+from engine.verdict import Delta, Verdict, paired_bootstrap
+from engine.workspace import Workspace
+from tests.harness_data import Rollout, RunBuilder
+
+CONFIG = parse_config('[workspace]\nname = "t"\n', Path("t.toml"))
+
+
+def rule(name: str, severity: str = "warning", metrics: tuple[str, ...] = ()) -> dict[str, Any]:
+    return {"rule": name, "severity": severity, "explanation": f"{name} fired", "metrics": list(metrics)}
+
+
+def context(rules: list[dict[str, Any]] | None = None, **kw: Any) -> PlanningContext:
+    diagnosis = {"id": "d", "rules": rules or [], "candidate_kinds": [], "findings": []}
+    return PlanningContext(parent="v0", parent_config=CONFIG, domain="math", diagnosis=diagnosis, **kw)
+
+
+# -- interventions -------------------------------------------------------------------------------
+def test_a_multi_factor_change_is_refused_unless_it_cites_evidence() -> None:
+    two = {"recipe.learning_rate": 4e-5, "recipe.temperature": 0.8}
+    with pytest.raises(InterventionError, match="2 factors"):
+        check(Intervention(kind="optimizer", changes=two, hypothesis="h"))
+    check(Intervention(kind="optimizer", changes=two, hypothesis="h", evidence=["rule:exploration_collapse"]))
+    # A whole reward composition is one factor, however many weights it sets.
+    rewards = Intervention(
+        kind="reward", changes={"recipe.rewards": {"correctness": 1.0, "closeness": 0.5}}, hypothesis="h"
+    )
+    assert rewards.factors == ["recipe.rewards"]
+    check(rewards)
+
+
+def test_applying_an_intervention_validates_the_child_config_and_names_the_field() -> None:
+    parent = "[workspace]\nname = 't'\n[recipe]\nlearning_rate = 2e-5\n"
+    text, config = apply(
+        Intervention(kind="optimizer", changes={"recipe.learning_rate": 4e-5}, hypothesis="h"), parent, Path("c.toml")
+    )
+    assert config.recipe.learning_rate == 4e-5 and "learning_rate = 4e-05" in text
+    with pytest.raises(InterventionError, match="recipe.loss_type"):
+        apply(
+            Intervention(kind="optimizer", changes={"recipe.loss_type": "ppo"}, hypothesis="h"), parent, Path("c.toml")
+        )
+
+
+# -- the offline planner -------------------------------------------------------------------------
+def test_the_planner_answers_the_bottleneck_with_different_factors() -> None:
+    ctx = context([rule("insufficient_signal", "critical", ("signal.dead_group_ratio",))], branches=2)
+    proposals = OfflinePlanner().propose(ctx)
+    templates = [iv.template for iv in proposals.interventions]
+    # The first two catalog templates that answer insufficient_signal, in catalog order.
+    expected = [t.name for t in TEMPLATES.values() if "insufficient_signal" in t.triggers][:2]
+    assert templates == expected
+    assert len({f for iv in proposals.interventions for f in iv.factors}) == 2
+    assert all("rule:insufficient_signal" in iv.evidence for iv in proposals.interventions)
+    assert "finding:signal.dead_group_ratio" in proposals.interventions[0].evidence
+
+
+def test_the_planner_skips_what_was_tried_and_what_case_memory_says_failed() -> None:
+    fired = [rule("insufficient_signal")]
+    first = [t.name for t in TEMPLATES.values() if "insufficient_signal" in t.triggers]
+    failed = {"template": first[0], "decision": "rejected", "exact": True}
+    ctx = context(fired, branches=1, tried=[first[1]], cases=[failed])
+    (iv,) = OfflinePlanner().propose(ctx).interventions
+    assert iv.template == first[2]
+    # Escalated, the failed case no longer blocks (the planner may retry with new evidence).
+    escalated = OfflinePlanner().propose(context(fired, branches=1, cases=[failed], escalated=True))
+    assert escalated.interventions[0].template != first[1]
+
+
+def test_feedback_steers_the_planner() -> None:
+    preferred, excluded = feedback_preferences(["Avoid the learning rate. Try clip-higher instead"])
+    assert {"raise_lr", "lower_lr"} <= excluded and "clip_higher" in preferred
+    ctx = context([], branches=2, feedback=["don't touch the learning rate; try clip-higher"])
+    templates = [iv.template for iv in OfflinePlanner().propose(ctx).interventions]
+    assert templates[0] == "clip_higher" and "raise_lr" not in templates
+
+
+def test_escalation_prefers_removing_a_component() -> None:
+    fired = [rule("reward_hacking", "critical")]
+    calm = OfflinePlanner().propose(context(fired, branches=1)).interventions[0]
+    escalated = OfflinePlanner().propose(context(fired, branches=1, escalated=True)).interventions[0]
+    assert TEMPLATES[escalated.template].removes
+    removing = [t.name for t in TEMPLATES.values() if "reward_hacking" in t.triggers and t.removes]
+    assert escalated.template == removing[0] and calm.template is not None
+
+
+def test_the_planner_cites_literature_that_mentions_its_change() -> None:
+    hits = [{"doc": "literature/dapo.md", "title": "DAPO / clip-higher", "excerpt": "clip-higher raises epsilon_high"}]
+    ctx = context([rule("exploration_collapse")], branches=1, literature=hits)
+    (iv,) = OfflinePlanner().propose(ctx).interventions
+    assert iv.template == "clip_higher" and "literature:literature/dapo.md" in iv.evidence
+
+
+# -- gates ----------------------------------------------------------------------------------------
+def test_gate_state_machine(tmp_path: Path) -> None:
+    gates = Gates(Store(tmp_path / "evo.duckdb"))
+    g = gates.open(1, "after_design", "round1", "Run 2 branches?", {"proposals": []}, forced=False)
+    assert g.state == "pending" and gates.pending() == [g]
+    with pytest.raises(GateError, match="feedback"):
+        Answer("revise", "  ")
+    revised = gates.answer(g.id, Answer("revise", "smaller learning rate", by="cli"))
+    assert revised.state == "revised" and revised.answer == Answer("revise", "smaller learning rate", by="cli")
+    with pytest.raises(GateError, match="already answered"):
+        gates.answer(g.id, Answer("approve"))
+    assert gates.feedback() == ["smaller learning rate"]
+    with pytest.raises(GateError, match=r"no gate 'g9'.*no gate is pending"):
+        gates.get("g9")
+    forced = gates.open(1, "after_completion", "v1", "Promote v1?", {}, forced=True)
+    assert auto_approve(forced) is None  # forced gates need a person even with --auto-approve
+    assert auto_approve(gates.open(2, "after_design", "round2", "q", {}, forced=False)) == Answer("approve", by="auto")
+    assert gates.answer(forced.id, Answer("abort")).state == "aborted"
+
+
+# -- honest decisions ------------------------------------------------------------------------------
+def verdict_from(parent: np.ndarray, child: np.ndarray) -> Verdict:
+    low, high = paired_bootstrap(parent, child)
+    return Verdict("v0", "v1", len(parent), (Delta("greedy", parent.mean(), child.mean(), low, high),))
+
+
+def test_decisions_follow_the_noise_floor_and_critical_findings() -> None:
+    rng = np.random.default_rng(0)
+    parent = (rng.random(200) < 0.5).astype(float)
+    big_gain = parent.copy()
+    big_gain[np.flatnonzero(parent == 0)[:60]] = 1.0  # 60 more tasks solved of 200
+    small_gain = parent.copy()
+    small_gain[np.flatnonzero(parent == 0)[:2]] = 1.0  # 2 more: inside the noise floor
+    loss = parent.copy()
+    loss[np.flatnonzero(parent == 1)[:60]] = 0.0
+
+    assert proposed_decision(verdict_from(parent, big_gain), {"rules": []})[0] == "promoted"
+    assert proposed_decision(verdict_from(parent, small_gain), {"rules": []})[0] == "pruned"
+    assert proposed_decision(verdict_from(parent, loss), {"rules": []})[0] == "rejected"
+    leak = {"rules": [rule("leak", "critical"), rule("truncation", "warning")]}
+    decision, reason = proposed_decision(verdict_from(parent, big_gain), leak)
+    assert decision == "rejected" and "rule leak is critical" in reason
+    # A warning alone does not block a real gain.
+    assert proposed_decision(verdict_from(parent, big_gain), {"rules": [rule("truncation")]})[0] == "promoted"
+
+
+# -- memory ---------------------------------------------------------------------------------------
+def test_consecutive_failures_reset_at_a_promotion(tmp_path: Path) -> None:
+    store = Store(tmp_path / "evo.duckdb")
+    store.add_version("v0", None, "versions/v0", "a", state="promoted")
+    for i, state in enumerate(["rejected", "promoted", "pruned", "rejected", "failed"], start=1):
+        store.add_version(f"v{i}", "v0", f"versions/v{i}", "b", state=state)
+        store.update_version(f"v{i}", decided_at=f"2026-01-0{i} 00:00:00")
+    assert Memory(store).consecutive_failures() == 3
+    store.update_version("v5", state="promoted", decided_at="2026-01-06 00:00:00")
+    assert Memory(store).consecutive_failures() == 0
+
+
+def test_case_memory_by_signature(tmp_path: Path) -> None:
+    memory = Memory(Store(tmp_path / "evo.duckdb"))
+    diagnosis = {"rules": [rule("truncation"), rule("insufficient_signal")]}
+    sig = failure_signature(diagnosis)
+    assert sig == "insufficient_signal+truncation"
+    memory.record_case(
+        "v1", sig, "math", "v0", "optimizer", "raise_lr", "recipe.learning_rate", "regressed", "rejected", "r"
+    )
+    memory.record_case("v2", "truncation", "math", "v0", "budget", "longer_budget", "x", "improved", "promoted", "r")
+    memory.record_case("v3", "leak", "math", "v0", "reward", "drop_shaping", "x", None, "pruned", "r")
+    memory.record_case("v4", sig, "code", "v0", "reward", "drop_shaping", "x", None, "pruned", "r")
+    found = memory.cases(sig, "math")
+    assert [c["version"] for c in found] == ["v1", "v2"]  # exact first, then sharing a rule; same domain only
+    assert found[0]["exact"] and not found[1]["exact"]
+
+
+# -- harness evolution ----------------------------------------------------------------------------
+def judged_store(path: Path, lengths: dict[str, tuple[str, int]]) -> Store:
+    """Versions with a verdict and a train run whose completions have a given length."""
+    store = Store(path)
+    store.add_version("v0", None, "versions/v0", "a", state="promoted")
+    for name, (verdict, length) in lengths.items():
+        store.add_version(name, "v0", f"versions/{name}", "b", state="trained")
+        store.update_version(name, verdict=verdict)
+        builder = RunBuilder(store, run_id=f"{name}-train-1", version=name)
+        builder.step(1, [[Rollout(1.0, length=length), Rollout(0.0, length=length)]])
+        builder.save(1)
+        store.update_run(f"{name}-train-1", state="succeeded")
+    return store
+
+
+def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_not(tiny_workspace: Workspace) -> None:
+    store = judged_store(
+        tiny_workspace.root / "judged.duckdb",
+        {"v1": ("improved", 30), "v2": ("regressed", 8), "v3": ("improved", 25), "v4": ("regressed", 10)},
+    )
+    useful = AnalyzerSpec(
+        name="length_mean",
+        layer="behavior",
+        sql="SELECT avg(completion_length) FROM rollouts WHERE run_id = $run",
+        explanation="mean completion length",
+    )
+    useless = AnalyzerSpec(
+        name="reward_mean",
+        layer="signal",
+        sql="SELECT avg(reward) FROM rollouts WHERE run_id = $run",
+        explanation="mean reward (the same in every version here)",
+    )
+    results = {r.spec.name: r for r in evolve(store, tiny_workspace.root, [useful, useless], 1, existing=set())}
+    assert results["length_mean"].adopted and results["length_mean"].validation.auc == 1.0
+    assert not results["reward_mean"].adopted and results["reward_mean"].validation.auc == 0.5
+    assert "does not separate" in results["reward_mean"].reason
+    # The adopted analyzer is a committed workspace analyzer that the harness loads and runs.
+    harness = load_harness(tiny_workspace.root)
+    adopted = [a for a in harness.analyzers if a.name == "length_mean"]
+    assert adopted and adopted[0].provenance == "workspace" and not harness.problems
+    import git
+
+    assert git.Repo(tiny_workspace.root).head.commit.hexsha == results["length_mean"].commit_sha
+    rows = store.query("SELECT name, adopted FROM harness_proposals ORDER BY id")
+    assert rows == [("length_mean", True), ("reward_mean", False)]
+
+
+def test_evolution_sql_may_only_read() -> None:
+    check_sql("WITH a AS (SELECT 1) SELECT * FROM a")
+    for bad in ("COPY rollouts TO '/tmp/x'", "SELECT 1; DROP TABLE rollouts", "SELECT * FROM read_csv('/etc/passwd')"):
+        with pytest.raises(UnsafeSQLError):
+            check_sql(bad)
+
+
+def test_an_anomaly_is_a_score_move_no_rule_or_finding_explains() -> None:
+    parent = {"rules": [], "findings": [{"metric": "signal.dead_group_ratio", "value": 0.2, "layer": "signal"}]}
+    same = {
+        "version": "v1",
+        "rules": [],
+        "findings": [{"metric": "signal.dead_group_ratio", "value": 0.21, "layer": "signal"}],
+    }
+    moved = {
+        "version": "v1",
+        "rules": [],
+        "findings": [{"metric": "signal.dead_group_ratio", "value": 0.6, "layer": "signal"}],
+    }
+    assert find_anomaly("improved", same, parent) is not None
+    assert find_anomaly("improved", moved, parent) is None  # the signal layer explains it
+    assert find_anomaly("improved", {"version": "v1", "rules": [rule("leak")], "findings": []}, parent) is None
+    assert find_anomaly("insufficient evidence", same, parent) is None
+
+
+# -- the group filter -----------------------------------------------------------------------------
+def test_group_filter_keeps_spread_groups_up_to_the_keep_ratio() -> None:
+    spreads = np.array([0.0, 0.4, 0.0, 0.2, 0.5, 0.1])
+    assert GroupFilter(1e-3).keep(spreads).tolist() == [False, True, False, True, True, True]
+    # keep_ratio 0.5 of 6 groups -> the 3 largest spreads
+    assert GroupFilter(1e-3, keep_ratio=0.5).keep(spreads).tolist() == [False, True, False, True, True, False]
+    f = GroupFilter(0.0, ema=0.5)
+    f.keep(spreads)
+    assert f.threshold == pytest.approx(0.5 * 0.0 + 0.5 * float(np.median(spreads)))
+
+
+# -- the coach on a workspace (no training) --------------------------------------------------------
+def child(engine: Engine, name: str, iv: Intervention, parent: str = "v0", round: int | None = None) -> None:
+    text, config = apply(iv, engine.tree.read(parent, CONFIG_FILE), Path(CONFIG_FILE))
+    engine.create_version(
+        Plan(parent, name, {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", round, iv.template)
+    )
+
+
+@pytest.fixture
+def engine(tiny_workspace: Workspace) -> Engine:
+    engine = Engine.open(tiny_workspace.root)
+    sha = engine.tree.create_base("v0")
+    engine.store.add_version("v0", None, "versions/v0", sha, state="promoted")
+    yield engine
+    engine.close()
+
+
+def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Engine) -> None:
+    coach = Coach(engine, answer=auto_approve)
+    iv = TEMPLATES["continuous_correctness"].propose(engine.version_config("v0"), ["rule:insufficient_signal"])
+    assert iv is not None
+    child(engine, "v1", iv)
+    parent_diagnosis = {"rules": [rule("insufficient_signal", "critical")]}
+    rng = np.random.default_rng(1)
+    before = (rng.random(100) < 0.3).astype(float)
+    after = np.maximum(before, (rng.random(100) < 0.5).astype(float))
+    coach._settle(None, "v1", "v0", iv, parent_diagnosis, verdict_from(before, after), "promoted", "gain")
+
+    (card,) = coach.skills.load()
+    assert card.trigger == ["insufficient_signal"] and card.intervention["template"] == "continuous_correctness"
+    assert card.validation[0]["delta_greedy"] == pytest.approx(after.mean() - before.mean())
+    assert engine.store.get_version("v1").state == "promoted"
+    (case,) = Memory(engine.store).cases("insufficient_signal", "math")
+    assert case["decision"] == "promoted"
+
+    # A later round whose parent shows the same rule retrieves the card, and the planner leads with it.
+    round_id = coach._open_round()
+    ctx = coach._context(round_id, "v1", parent_diagnosis, 2)
+    assert [s["id"] for s in ctx.skills] == [card.id]
+    assert coach.skills.match(["truncation"], "math") == []
+
+
+def test_case_memory_is_consulted_and_traced(engine: Engine) -> None:
+    coach = Coach(engine, answer=auto_approve)
+    memory = Memory(engine.store)
+    memory.record_case(
+        "v7", "none", "math", "v0", "optimizer", "raise_lr", "recipe.learning_rate", "regressed", "rejected", "r"
+    )
+    round_id = coach._open_round()
+    ctx = coach._context(round_id, "v0", {"rules": []}, 2)
+    assert [c["version"] for c in ctx.cases] == ["v7"]
+    proposals = coach._propose(round_id, ctx)
+    assert "raise_lr" not in [iv.template for iv in proposals.interventions]
+    traced = {r["source"]: r for r in memory.retrievals(round_id)}
+    assert traced["cases"]["adopted"] == ["v7"] and traced["cases"]["query"] == "none"
+    assert traced["literature"]["hits"], "the sample literature answers a stalled-training query"
+
+
+class BrokenBackend:
+    name = "anthropic"
+
+    def __init__(self) -> None:
+        self.calls: list[ModelCall] = []
+
+    def propose(self, ctx: PlanningContext) -> Proposals:
+        self.calls.append(ModelCall("anthropic", "m", "propose", ok=False, error="HTTP 500"))
+        raise BackendError("HTTP 500 api_error")
+
+    def propose_analyzer(self, anomaly: dict[str, Any], ctx: PlanningContext) -> list[AnalyzerSpec]:
+        raise BackendError("HTTP 500 api_error")
+
+
+def test_a_failing_model_backend_falls_back_to_offline_with_a_recorded_reason(engine: Engine) -> None:
+    events: list[str] = []
+    coach = Coach(engine, backend=BrokenBackend(), answer=auto_approve, on_event=lambda e: events.append(e.kind))
+    round_id = coach._open_round()
+    proposals = coach._propose(round_id, coach._context(round_id, "v0", None, 2))
+    assert proposals.backend == "offline" and proposals.interventions
+    assert "fallback" in events
+    (reason,) = [
+        r[0] for r in engine.store.query("SELECT payload->>'message' FROM events WHERE kind = 'coach_fallback'")
+    ]
+    assert "HTTP 500" in reason
+    assert engine.store.query("SELECT backend, ok, error FROM model_calls") == [("anthropic", False, "HTTP 500")]
+
+
+def test_two_failures_switch_gates_on_and_three_escalate(engine: Engine) -> None:
+    for i in (1, 2, 3):
+        iv = Intervention(kind="optimizer", changes={"recipe.temperature": 0.5 + i / 10}, hypothesis="h")
+        child(engine, f"v{i}", iv)
+        engine.decide(f"v{i}", "rejected", "regressed")
+        if i == 2:
+            coach = Coach(engine, answer=auto_approve)  # after_diagnosis is off in the sample: forced now
+            round_id = coach._open_round()
+            with pytest.raises(WaitingAtGate) as waiting:
+                coach._gate(round_id, "after_diagnosis", "round", "go on?", {})
+            assert waiting.value.gate.forced
+            engine.store.con.execute("UPDATE rounds SET state = 'done'")
+    coach = Coach(engine, answer=auto_approve)
+    round_id = coach._open_round()
+    assert coach._round(round_id)["escalated"]
+    assert engine.store.query("SELECT count(*) FROM backtests WHERE kind = 'harness_revalidation'") == [(1,)]
+
+
+def test_score_only_keeps_the_score_layer_alone() -> None:
+    full = load_harness(None)
+    ablated = full.only(("score",))
+    assert {a.layer for a in ablated.analyzers} == {"score"}
+    assert len(ablated.analyzers) < len(full.analyzers) and "score" in ablated.revision
+
+
+# -- the real loop ---------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_real_tiny_loop_of_two_versions(tiny_workspace: Workspace) -> None:
+    with Engine.open(tiny_workspace.root) as engine:
+        result = Coach(engine, answer=auto_approve).run(2)
+        assert len(result.trained) == 2 and result.waiting is None
+        decided = {name: (decision, reason) for name, decision, reason in result.decisions}
+        for name in result.trained:
+            v = engine.store.get_version(name)
+            assert v.state in ("promoted", "rejected", "pruned") and v.decision_reason
+            assert decided[name][0] == v.state
+            assert engine.tree.decision(name)[0] == v.state
+            iv = engine.store.get_intervention(v.intervention_id)
+            assert iv["round"] == 1 and iv["template"] and iv["hypothesis"].startswith("If ")
+        factors = {
+            engine.store.get_intervention(engine.store.get_version(n).intervention_id)["factor"] for n in result.trained
+        }
+        assert len(factors) == 2  # two branches, two different factors
+        assert engine.store.query("SELECT count(*) FROM cases") == [(2,)]
+        assert engine.store.query("SELECT state FROM rounds") == [("done",)]
+        gates = engine.store.query("SELECT kind, state, answered_by FROM gates ORDER BY id")
+        assert gates[0] == ("after_design", "approved", "auto")
+        assert {g[0] for g in gates} >= {"after_design", "after_completion"}
