@@ -107,7 +107,10 @@ class GroupFilterConfig(_Section):
         1.0, gt=0, le=1, description="Keep at most this share of groups per step, those with the largest std."
     )
     ema: float = Field(
-        0.0, ge=0, lt=1, description="Smooth the keep_ratio cutoff across steps (0: this step's cutoff only)."
+        0.0,
+        ge=0,
+        lt=1,
+        description="> 0: the threshold follows an EMA of each step's median group spread (0: fixed threshold).",
     )
 
 

@@ -337,12 +337,18 @@ def status(workspace: WorkspaceArg) -> None:
                         f"[red]last failure ({failed[-1].id}):[/] "
                         + (last.strip().splitlines()[-1] if last.strip() else "")
                     )
+            for g in Gates(engine.store).pending():
+                console.print(
+                    f"[yellow]gate {g.id} waits[/] ({g.kind}): {escape(g.question)}  → evotui gates {workspace}"
+                )
     except USER_ERRORS as exc:
         _fail(exc)
 
 
 def _version_label(v: VersionRecord) -> str:
-    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow"}.get(v.state, "white")
+    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow", "pruned": "dim"}.get(
+        v.state, "white"
+    )
     scores = f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}" if v.val_greedy is not None else "no score"
     verdict = f" · {v.verdict}" if v.verdict else ""
     return f"[bold]{v.name}[/] [{color}]{v.state}[/] · {scores}{verdict}"
@@ -365,7 +371,9 @@ def versions_cmd(workspace: WorkspaceArg) -> None:
                 label = _version_label(v)
                 if v.intervention_id and (iv := engine.store.get_intervention(v.intervention_id)):
                     change = ", ".join(f"{k}: {c['from']} → {c['to']}" for k, c in iv["change"].items())
-                    label += f"\n[dim]Δ {change or 'GRPO with the parent recipe'}[/]"
+                    label += f"\n[dim]Δ {escape(change) or 'GRPO with the parent recipe'}[/]"
+                if v.decision_reason and v.parent is not None:
+                    label += f"\n[dim]why: {escape(v.decision_reason)}[/]"
                 child = node.add(label)
                 for c in children.get(v.name, []):
                     add(child, c)

@@ -403,3 +403,48 @@ def test_a_real_tiny_loop_of_two_versions(tiny_workspace: Workspace) -> None:
         gates = engine.store.query("SELECT kind, state, answered_by FROM gates ORDER BY id")
         assert gates[0] == ("after_design", "approved", "auto")
         assert {g[0] for g in gates} >= {"after_design", "after_completion"}
+
+
+def test_the_claude_backend_through_the_coach_records_tokens_and_falls_back_on_errors(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.coach.backends.anthropic_backend import PROPOSE_TOOL, AnthropicBackend
+    from tests.fake_messages_api import FakeMessagesAPI, server_error, tool_use_reply
+
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-coach-key")
+    monkeypatch.delenv("ANTHROPIC_BASE_URL", raising=False)
+    change = {
+        "kind": "optimizer",
+        "changes": {"recipe.epsilon_high": 0.35},
+        "hypothesis": "If clip-higher widens, exploration recovers, because rare tokens can grow.",
+        "evidence": ["rule:exploration_collapse"],
+    }
+    reply = tool_use_reply(PROPOSE_TOOL, {"rationale": "entropy", "interventions": [change]}, input_tokens=321)
+    with FakeMessagesAPI() as api:
+        api.enqueue(reply, server_error(), server_error())
+        backend = AnthropicBackend("claude-test", base_url=api.url, max_retries=1, timeout=5.0)
+        coach = Coach(engine, backend=backend, answer=auto_approve)
+        round_id = coach._open_round()
+        ctx = coach._context(round_id, "v0", None, 1)
+        first = coach._propose(round_id, ctx)
+        assert first.backend == "anthropic" and first.interventions[0].changes == {"recipe.epsilon_high": 0.35}
+        second = coach._propose(round_id, ctx)  # 500, retried once by the SDK, 500 again
+        assert second.backend == "offline" and second.interventions
+    calls = engine.store.query("SELECT backend, model, input_tokens, ok FROM model_calls ORDER BY id")
+    assert calls[0] == ("anthropic", "claude-test", reply[1]["usage"]["input_tokens"], True)
+    assert calls[-1][3] is False
+    (reason,) = [
+        r[0] for r in engine.store.query("SELECT payload->>'message' FROM events WHERE kind = 'coach_fallback'")
+    ]
+    assert "500" in reason and "sk-test-coach-key" not in reason
+
+
+def test_anthropic_without_a_key_runs_offline_and_says_so(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANTHROPIC_API_KEY", raising=False)
+    engine.config = engine.config.model_copy(
+        update={"coach": engine.config.coach.model_copy(update={"backend": "anthropic"})}
+    )
+    events: list[str] = []
+    coach = Coach(engine, answer=auto_approve, on_event=lambda e: events.append(e.message))
+    assert coach.backend.name == "offline"
+    assert any("ANTHROPIC_API_KEY is not set" in m for m in events)

@@ -127,3 +127,35 @@ def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) 
     assert v0.val_n == config.domain.val_size
     reloaded, _ = load_policy(tiny_workspace.root / (v0.checkpoint or ""))
     assert reloaded.num_parameters() == model.num_parameters()
+
+
+def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_ratio(tiny_workspace: Workspace) -> None:
+    from engine.coach.interventions import Intervention, apply
+    from engine.config import CONFIG_FILE
+    from engine.core import Plan
+    from engine.harness.analyzers.signal import DEAD_STD
+
+    with Engine(tiny_workspace) as engine:
+        engine.ensure_base()
+        iv = Intervention(
+            kind="filter", changes={"recipe.group_filter": {"enabled": True, "std_threshold": 1e-3}}, hypothesis="h"
+        )
+        text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
+        engine.create_version(Plan("v0", "v1", {CONFIG_FILE: text}, "filter", iv.factor, {}, "h", "c", "r"))
+        run = engine.train("v1")
+        # The logged keep ratio of every step is the share of that step's groups with reward spread.
+        rows = engine.store.query(
+            """
+            WITH spread AS (
+                SELECT step, avg((stddev_pop(reward) > 1e-3)::INT) OVER (PARTITION BY step) AS live
+                FROM rollouts WHERE run_id = $run AND split = 'train' GROUP BY step, group_id
+            )
+            SELECT DISTINCT s.step, s.live, m.value FROM spread s
+            JOIN metrics m ON m.run_id = $run AND m.key = 'filter/keep_ratio' AND m.step = s.step
+            ORDER BY s.step
+            """,
+            {"run": run.id},
+        )
+        assert len(rows) == run.total_steps and DEAD_STD == 1e-3
+        for _, live, keep in rows:
+            assert keep == pytest.approx(live)
