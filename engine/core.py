@@ -413,9 +413,10 @@ class Engine:
         trained = [r for r in runs if r.kind == "train"]
         return (trained or runs)[-1]
 
-    def diagnose_version(self, version: str) -> Diagnosis:
-        """Diagnose a version's latest run again, with the workspace's current harness, and store it."""
-        run = self.latest_run(version)
+    def diagnose_version(self, version: str, run: RunRecord | None = None) -> Diagnosis:
+        """Diagnose a version's latest run (or `run`) again, with the workspace's current harness,
+        and store it."""
+        run = run or self.latest_run(version)
         record = self.store.get_version(version)
         assert record is not None
         diagnosis = diagnose(self.store, run, record, self.version_config(version), harness=self.harness())

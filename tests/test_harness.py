@@ -120,6 +120,19 @@ def test_exploration_collapse_entropy_and_diversity(store: Store) -> None:
     assert "exploration_collapse" not in fired(steady.diagnose(steps=2))
 
 
+def test_shortcut_collapse_needs_shrinking_alike_completions_without_gain(store: Store) -> None:
+    chains = [R(reward=float(i % 2), length=14, completion=f"chain{i}") for i in range(8)]
+    shortcuts = [R(reward=float(i % 2), length=5, completion="A:1" if i % 2 else "A:2") for i in range(8)]
+    d = RunBuilder(store).step(1, [chains]).step(2, [shortcuts]).diagnose(steps=2)
+    assert value(d, "signal.length_trend") == pytest.approx(5 / 14)
+    assert value(d, "behavior.completion_diversity_trend") == pytest.approx(2 / 8 - 1.0)
+    assert "shortcut_collapse" in fired(d)
+    # The same shrinking with a real gain in correctness is a better answer, not a collapse.
+    right = [R(reward=1.0, length=5, completion="A:1" if i % 2 else "A:2") for i in range(8)]
+    gained = RunBuilder(store, run_id="v1-train-2").step(1, [chains]).step(2, [right]).diagnose(steps=2)
+    assert "shortcut_collapse" not in fired(gained)
+
+
 def test_format_gate(store: Store) -> None:
     rows = [R(reward=0.0, format=0.0 if i < 3 else 1.0) for i in range(10)]  # 3 of 10 violate
     d = RunBuilder(store).step(1, [rows]).diagnose(steps=1)

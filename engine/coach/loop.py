@@ -34,6 +34,8 @@ from engine.harness.backtest import filter_backtest, reward_backtest, store_back
 from engine.harness.diagnose import Diagnosis
 from engine.verdict import Verdict
 
+_VERB = {"promoted": "Promote", "rejected": "Reject", "pruned": "Prune"}
+
 #: Revise answers a design gate takes before the round gives up on proposing.
 MAX_REVISIONS = 3
 
@@ -236,19 +238,23 @@ class Coach:
     # -- design -------------------------------------------------------------------------------------
     def _design(self, round_id: int, parent: str, diagnosis: dict[str, Any] | None, remaining: int) -> bool:
         for revision in range(MAX_REVISIONS + 1):
-            ctx = self._context(round_id, parent, diagnosis, min(self.config.coach.branches, remaining))
-            proposals = self._propose(round_id, ctx)
-            planned = self._applicable(round_id, parent, proposals)
-            if not planned:
-                self._emit("refused", f"round {round_id}: nothing applicable to propose from {parent}")
-                return False
-            self._set_round(round_id, proposals=planned, rationale=proposals.rationale)
-            for p in planned:
-                self._emit("proposal", p["title"], round=round_id, hypothesis=p["intervention"]["hypothesis"])
-            report = {"rationale": proposals.rationale, "proposals": planned}
-            answer = self._gate(
-                round_id, "after_design", f"round{round_id}-design{revision}", f"Run {len(planned)} branch(es)?", report
-            )
+            subject = f"round{round_id}-design{revision}"
+            rnd = self._round(round_id)
+            if self.gates.find(round_id, "after_design", subject) is not None and rnd["proposals"]:
+                # Resuming at this design's gate: the proposals it shows, not new ones.
+                planned, rationale = rnd["proposals"], rnd["rationale"] or ""
+            else:
+                ctx = self._context(round_id, parent, diagnosis, min(self.config.coach.branches, remaining))
+                proposals = self._propose(round_id, ctx)
+                planned, rationale = self._applicable(round_id, parent, proposals), proposals.rationale
+                if not planned:
+                    self._emit("refused", f"round {round_id}: nothing applicable to propose from {parent}")
+                    return False
+                self._set_round(round_id, proposals=planned, rationale=rationale)
+                for p in planned:
+                    self._emit("proposal", p["title"], round=round_id, hypothesis=p["intervention"]["hypothesis"])
+            report = {"rationale": rationale, "proposals": planned}
+            answer = self._gate(round_id, "after_design", subject, f"Run {len(planned)} branch(es)?", report)
             if answer.verb == "approve":
                 self._set_round(round_id, stage="backtest")
                 return True
@@ -433,14 +439,14 @@ class Coach:
                 result.trained.append(name)
             record = self.store.get_version(name)
             assert record is not None
-            if record.state == "trained":
+            if record.state == "failed":  # its run failed while no engine watched (settled on open)
+                self._settle(round_id, name, parent, iv, diagnosis, None, "failed", "run failed")
+            elif record.state == "trained":
                 verdict = self.engine.judge(name)
                 self._emit("verdict", f"{name}: {verdict.summary()}", version=name, label=verdict.label)
                 decision, reason = self._proposed_decision(name, verdict)
                 report = {"verdict": verdict.summary(), "decision": decision, "reason": reason}
-                answer = self._gate(
-                    round_id, "after_completion", name, f"{decision[:-2].capitalize()}e {name}? ({reason})", report
-                )
+                answer = self._gate(round_id, "after_completion", name, f"{_VERB[decision]} {name}? ({reason})", report)
                 if answer.verb == "revise":
                     self._emit("decision", f"{name}: left undecided, feedback for the next round: {answer.feedback}")
                 else:
@@ -609,15 +615,23 @@ class Coach:
 
     # -- diagnoses ----------------------------------------------------------------------------------
     def _parent_diagnosis(self, parent: str) -> dict[str, Any] | None:
+        """What a round reasons from: the latest GRPO run that started from `parent` or trained it
+        (what training does to this policy: after failed branches, the last child's run), else
+        the parent's own latest run (v0's warm-up)."""
+        row = self.store.query_one(
+            """SELECT r.id FROM runs r JOIN versions v ON v.name = r.version
+               WHERE r.kind = 'train' AND r.state = 'succeeded' AND (v.name = ? OR v.parent = ?)
+               ORDER BY r.ended_at DESC LIMIT 1""",
+            [parent, parent],
+        )
         try:
-            if self.harness_mode == "score-only":
-                return self.engine.diagnose_version(parent).to_dict()
-            run = self.engine.latest_run(parent)
+            run = self.store.get_run(row[0]) if row else self.engine.latest_run(parent)
         except ValueError:
             return None
-        if run.id in self._diagnoses:
+        assert run is not None
+        if run.id in self._diagnoses and self.harness_mode != "score-only":
             return self._diagnoses[run.id].to_dict()
-        return self.engine.diagnose_version(parent).to_dict()
+        return self.engine.diagnose_version(run.version, run).to_dict()
 
     def _child_diagnosis(self, version: str) -> dict[str, Any]:
         run = self.engine.train_run(version)
@@ -628,10 +642,11 @@ class Coach:
         return self.engine.diagnose_version(version).to_dict()
 
     def _headline(self, version: str, diagnosis: dict[str, Any] | None) -> str:
+        source = f" (from {diagnosis['run_id']})" if diagnosis and diagnosis.get("run_id") else ""
         if not diagnosis or not diagnosis.get("rules"):
-            return f"{version}: no rule fired"
+            return f"{version}{source}: no rule fired"
         b = diagnosis["rules"][0]
-        return f"{version}: bottleneck {b['rule']} ({b['severity']}): {b['explanation']}"
+        return f"{version}{source}: bottleneck {b['rule']} ({b['severity']}): {b['explanation']}"
 
 
 def proposed_decision(verdict: Verdict, diagnosis: dict[str, Any]) -> tuple[str, str]:

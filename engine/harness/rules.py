@@ -89,6 +89,27 @@ def exploration_collapse(f: Findings, ctx: Context) -> RuleResult | None:
     )
 
 
+@rule(
+    "shortcut_collapse",
+    priority=5,
+    candidate_kinds=("optimizer: KL anchor to the parent", "optimizer: lower learning rate"),
+)
+def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
+    """Completions shrink and become alike without a matching gain: the policy is dropping its
+    reasoning for a shortcut (answering at once), which GRPO rewards whenever the shortcut is
+    sometimes right. Entropy need not fall, so exploration_collapse does not see it."""
+    length, diversity = f.value("signal.length_trend"), f.value("behavior.completion_diversity_trend")
+    gain = f.value("score.train_correctness_trend", 0.0) or 0.0
+    if length is None or diversity is None or length >= 0.6 or diversity >= -0.1 or gain > 0.1:
+        return None
+    return RuleResult(
+        f"completions shrank to {length:.0%} of their length and group diversity fell {-diversity:.2f} "
+        f"while train correctness moved {gain:+.2f}: a shortcut is replacing the reasoning",
+        "warning",
+        ("signal.length_trend", "behavior.completion_diversity_trend", "score.train_correctness_trend"),
+    )
+
+
 @rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))
 def truncation(f: Findings, ctx: Context) -> RuleResult | None:
     """Completions hit the length budget often enough to cost reward."""
