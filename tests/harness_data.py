@@ -37,7 +37,9 @@ class RunBuilder:
     rows: list[dict[str, Any]] = field(default_factory=list)
     metric_rows: list[tuple[int, str, float]] = field(default_factory=list)
 
-    def step(self, step: int, groups: Sequence[Sequence[Rollout]], split: str = "train") -> RunBuilder:
+    def step(
+        self, step: int, groups: Sequence[Sequence[Rollout]], split: str = "train", decoding: str = "sampled"
+    ) -> RunBuilder:
         for g, group in enumerate(groups):
             for s, r in enumerate(group):
                 components = {"correctness": r.correctness if r.correctness is not None else r.reward}
@@ -48,7 +50,7 @@ class RunBuilder:
                         "run_id": self.run_id,
                         "step": step,
                         "split": split,
-                        "decoding": "sampled",
+                        "decoding": decoding,
                         "group_id": g,
                         "sample_idx": s,
                         "task_id": f"t{g}",
@@ -82,6 +84,9 @@ class RunBuilder:
 
     def diagnose(self, steps: int, window: int = 1, workspace: Path | None = None) -> Diagnosis:
         self.save(steps)
+        return self.diagnose_saved(window, workspace)
+
+    def diagnose_saved(self, window: int = 1, workspace: Path | None = None) -> Diagnosis:
         run = self.store.get_run(self.run_id)
         version = self.store.get_version(self.version)
         assert run is not None and version is not None

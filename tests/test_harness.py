@@ -133,6 +133,26 @@ def test_shortcut_collapse_needs_shrinking_alike_completions_without_gain(store:
     assert "shortcut_collapse" not in fired(gained)
 
 
+def test_shortcut_collapse_against_the_parent_on_val(store: Store) -> None:
+    """Within the run nothing moves (the habit changed before the first window); on val, against
+    the parent, completions are 5/14 as long and far fewer are distinct."""
+    steady = [R(reward=float(i % 2), length=5, completion=f"s{i}") for i in range(8)]
+    child = RunBuilder(store).step(1, [steady]).step(2, [steady])
+    shortcut = [[R(reward=float(g % 2), length=5, completion=f"A:{g % 2}")] for g in range(10)]
+    chains = [[R(reward=float(g % 2), length=14, completion=f"chain{g}")] for g in range(10)]
+    child.step(2, shortcut, split="val", decoding="greedy")
+    child.save(2)
+    parent = RunBuilder(store, run_id="v0-warmup-1", version="v0").step(0, chains, split="val", decoding="greedy")
+    parent.save(0)
+    for run_id in ("v0-warmup-1", "v1-train-1"):
+        store.update_run(run_id, state="succeeded", ended_at="2026-01-01 00:00:00")
+    d = RunBuilder(store, run_id="v1-train-1").diagnose_saved(window=1)
+    assert value(d, "version.val_length_ratio") == pytest.approx(5 / 14)
+    assert value(d, "version.val_distinct_delta") == pytest.approx(2 / 10 - 10 / 10)
+    assert value(d, "signal.length_trend") == pytest.approx(1.0)
+    assert "shortcut_collapse" in fired(d)
+
+
 def test_format_gate(store: Store) -> None:
     rows = [R(reward=0.0, format=0.0 if i < 3 else 1.0) for i in range(10)]  # 3 of 10 violate
     d = RunBuilder(store).step(1, [rows]).diagnose(steps=1)

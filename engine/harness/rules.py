@@ -98,16 +98,27 @@ def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
     """Completions shrink and become alike without a matching gain: the policy is dropping its
     reasoning for a shortcut (answering at once), which GRPO rewards whenever the shortcut is
     sometimes right. Entropy need not fall, so exploration_collapse does not see it."""
-    length, diversity = f.value("signal.length_trend"), f.value("behavior.completion_diversity_trend")
     gain = f.value("score.train_correctness_trend", 0.0) or 0.0
-    if length is None or diversity is None or length >= 0.6 or diversity >= -0.1 or gain > 0.1:
-        return None
-    return RuleResult(
-        f"completions shrank to {length:.0%} of their length and group diversity fell {-diversity:.2f} "
-        f"while train correctness moved {gain:+.2f}: a shortcut is replacing the reasoning",
-        "warning",
-        ("signal.length_trend", "behavior.completion_diversity_trend", "score.train_correctness_trend"),
-    )
+    # Within the run: first vs last window ...
+    length, diversity = f.value("signal.length_trend"), f.value("behavior.completion_diversity_trend")
+    if length is not None and diversity is not None and length < 0.6 and diversity < -0.1 and gain <= 0.1:
+        return RuleResult(
+            f"completions shrank to {length:.0%} of their length and group diversity fell {-diversity:.2f} "
+            f"while train correctness moved {gain:+.2f}: a shortcut is replacing the reasoning",
+            "warning",
+            ("signal.length_trend", "behavior.completion_diversity_trend", "score.train_correctness_trend"),
+        )
+    # ... or against the parent, on val (a habit can change in the run's first steps).
+    ratio, distinct = f.value("version.val_length_ratio"), f.value("version.val_distinct_delta")
+    delta = f.value("version.delta_to_parent", 0.0) or 0.0
+    if ratio is not None and distinct is not None and ratio < 0.6 and distinct < -0.1 and delta <= 0.05:
+        return RuleResult(
+            f"greedy val completions are {ratio:.0%} as long as the parent's and {-distinct:.0%} fewer are "
+            f"distinct, for {delta:+.3f} val correctness: a shortcut is replacing the reasoning",
+            "warning",
+            ("version.val_length_ratio", "version.val_distinct_delta", "version.delta_to_parent"),
+        )
+    return None
 
 
 @rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))

@@ -47,3 +47,45 @@ def lineage(ctx: Context) -> list[Finding]:
         tried = ", ".join(f"{k} x{n}" for k, n in sorted(kinds))
         out.append(Finding("version.intervention_kinds", float(len(kinds)), "info", f"interventions so far: {tried}"))
     return out
+
+
+@analyzer("behavior_vs_parent", "version")
+def behavior_vs_parent(ctx: Context) -> list[Finding]:
+    """Greedy val completions of this version against its parent's: mean length ratio and the
+    share of distinct completions. Training can change a habit in its first steps, so a run's own
+    first-vs-last trend misses what the comparison with the parent shows."""
+    if not ctx.version.parent:
+        return []
+    rows = ctx.q(
+        """
+        WITH latest AS (
+            SELECT o.run_id, r.version FROM rollouts o JOIN runs r ON r.id = o.run_id
+            WHERE r.version IN ($version, $parent) AND r.state = 'succeeded' AND o.split = 'val'
+            QUALIFY row_number() OVER (PARTITION BY r.version ORDER BY r.ended_at DESC) = 1
+        )
+        SELECT l.version, avg(o.completion_length), count(DISTINCT o.completion) / count(*)
+        FROM latest l JOIN rollouts o ON o.run_id = l.run_id
+        WHERE o.split = 'val' AND o.decoding = 'greedy'
+          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = l.run_id AND split = 'val')
+        GROUP BY l.version
+        """,
+        {"version": ctx.version.name, "parent": ctx.version.parent},
+    )
+    got = {name: (length, distinct) for name, length, distinct in rows}
+    if len(got) < 2 or not got[ctx.version.parent][0]:
+        return []
+    (length, distinct), (p_length, p_distinct) = got[ctx.version.name], got[ctx.version.parent]
+    return [
+        Finding(
+            "version.val_length_ratio",
+            length / p_length,
+            "info",
+            f"greedy val completions {p_length:.1f} -> {length:.1f} tokens vs {ctx.version.parent}",
+        ),
+        Finding(
+            "version.val_distinct_delta",
+            distinct - p_distinct,
+            "info",
+            f"distinct greedy val completions {p_distinct:.0%} -> {distinct:.0%} vs {ctx.version.parent}",
+        ),
+    ]
