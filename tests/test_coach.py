@@ -105,6 +105,15 @@ def test_escalation_prefers_removing_a_component() -> None:
     assert escalated.template == removing[0] and calm.template is not None
 
 
+def test_escalation_answers_the_bottleneck_before_switching_layers() -> None:
+    history = [{"parent": "v0", "kind": "optimizer", "verdict": "insufficient evidence", "template": "raise_lr"}]
+    ctx = context([rule("shortcut_collapse")], branches=1, escalated=True, history=history)
+    (iv,) = OfflinePlanner().propose(ctx).interventions
+    answering = [t for t in TEMPLATES.values() if "shortcut_collapse" in t.triggers]
+    # Both answers are optimizer changes (the failed layer); the one that removes comes first.
+    assert iv.template == next(t.name for t in answering if t.removes)
+
+
 def test_the_planner_cites_literature_that_mentions_its_change() -> None:
     hits = [{"doc": "literature/dapo.md", "title": "DAPO / clip-higher", "excerpt": "clip-higher raises epsilon_high"}]
     ctx = context([rule("exploration_collapse")], branches=1, literature=hits)

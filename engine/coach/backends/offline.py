@@ -121,10 +121,18 @@ class OfflinePlanner:
             kept.append((TEMPLATES[name], "feedback", ["feedback"]))
         rank = {t.name: i for i, (t, _, _) in enumerate(kept)}
 
+        bottleneck = next(iter(rules), None)  # the first rule that fired (pseudo-signals are not rules)
+
         def key(item: tuple[Template, str, list[str]]) -> tuple[int, ...]:
             t, source, _ = item
             failed_layers = {KIND_LAYER.get(h.get("kind") or "", "") for h in ctx.history[-3:]}
-            escalation = (KIND_LAYER[t.kind] in failed_layers, not t.removes) if ctx.escalated else (0, 0)
+            # Escalated: still answer the bottleneck first, but within that prefer a layer the last
+            # failures did not touch, and removing over adding.
+            escalation = (
+                (bottleneck not in t.triggers, KIND_LAYER[t.kind] in failed_layers, not t.removes)
+                if ctx.escalated
+                else (0, 0, 0)
+            )
             return (source != "feedback", *escalation, rank[t.name])
 
         return sorted(kept, key=key)
