@@ -150,6 +150,15 @@ class RecipeConfig(_Section):
         return self.prompts_per_step * self.num_generations
 
 
+class DataConfig(_Section):
+    """Which train tasks a version trains on, beyond what the domain generates."""
+
+    exclude_tasks: list[str] = Field(
+        default_factory=list,
+        description="Train task ids left out, e.g. hopeless prompts that no sample of the parent ever solved.",
+    )
+
+
 class EvalConfig(_Section):
     sampled_seeds: int = Field(2, ge=1, description="Sampled passes over val (greedy is always one pass).")
     temperature: float = Field(1.0, gt=0)
@@ -188,6 +197,7 @@ class WorkspaceConfig(_Section):
     domain: DomainConfig = MathDomainConfig()
     policy: PolicyConfig = PolicyConfig()
     recipe: RecipeConfig = RecipeConfig()
+    data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig()
     budget: BudgetConfig = BudgetConfig()
     gates: GatesConfig = GatesConfig()

@@ -457,3 +457,29 @@ def test_anthropic_without_a_key_runs_offline_and_says_so(engine: Engine, monkey
     coach = Coach(engine, answer=auto_approve, on_event=lambda e: events.append(e.message))
     assert coach.backend.name == "offline"
     assert any("ANTHROPIC_API_KEY is not set" in m for m in events)
+
+
+def test_hopeless_prompts_are_found_in_sql_and_dropped_only_when_they_matter(engine: Engine) -> None:
+    from engine.coach.interventions import Facts
+    from engine.domains import make_domain
+    from engine.runs.worker import grpo_dataset
+
+    zero, one = Rollout(0.0), Rollout(1.0)
+    # Groups are tasks t0..t3 (step 1) and t0, t1 again (step 2): t0 and t2 are never solved.
+    builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
+    builder.step(1, [[zero, zero], [zero, one], [zero, zero], [one, one]]).step(2, [[zero, zero], [zero, zero]])
+    builder.save(2)
+    facts = Coach(engine, answer=auto_approve)._facts("v0-train-1")
+    assert facts == Facts(("t0", "t2"), 4)
+
+    template = TEMPLATES["drop_hopeless"]
+    config = engine.version_config("v0")
+    iv = template.propose(config, [], facts=facts)
+    assert iv is not None and iv.changes == {"data.exclude_tasks": ["t0", "t2"]}
+    assert template.propose(config, [], facts=Facts(("t0",), 20)) is None  # 5% of the seen tasks: not worth a run
+    # The worker trains on the rest, and refuses to train on nothing.
+    domain = make_domain(config.domain)
+    ids = [t.task_id for t in domain.tasks("train")]
+    assert grpo_dataset(domain, ids[:3])["task_id"] == ids[3:]
+    with pytest.raises(ValueError, match="leaves out all"):
+        grpo_dataset(domain, ids)

@@ -143,6 +143,16 @@ def config_changes(old: WorkspaceConfig, new: WorkspaceConfig) -> dict[str, dict
 
 # -- the catalog ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Facts:
+    """What the store says about the parent that a template may need beyond its config."""
+
+    #: Train tasks the parent's latest GRPO run sampled in full groups and never solved.
+    hopeless_tasks: tuple[str, ...] = ()
+    #: Train tasks that run saw at all (a drop is only worth it when it is a real share of them).
+    seen_tasks: int = 0
+
+
+@dataclass(frozen=True)
 class Template:
     """A catalog entry: when it applies (the rules it answers) and how it changes a config."""
 
@@ -152,11 +162,13 @@ class Template:
     triggers: tuple[str, ...]
     #: Removes or weakens something (escalation prefers these).
     removes: bool
-    make: Callable[[WorkspaceConfig], dict[str, Any] | None]
+    make: Callable[[WorkspaceConfig, Facts], dict[str, Any] | None]
     because: str
 
-    def propose(self, config: WorkspaceConfig, evidence: list[str], source: str = "planner") -> Intervention | None:
-        changes = self.make(config)
+    def propose(
+        self, config: WorkspaceConfig, evidence: list[str], source: str = "planner", facts: Facts | None = None
+    ) -> Intervention | None:
+        changes = self.make(config, facts or Facts())
         if not changes:
             return None
         draft = Intervention(
@@ -188,7 +200,7 @@ CATALOG: list[Template] = [
         "reward",
         ("insufficient_signal", "dead_training"),
         False,
-        lambda c: _rewards(c, closeness=0.5) if "closeness" not in c.recipe.rewards else None,
+        lambda c, _: _rewards(c, closeness=0.5) if "closeness" not in c.recipe.rewards else None,
         "a continuous correctness component gives groups with equal binary rewards a spread to learn from",
     ),
     Template(
@@ -196,7 +208,7 @@ CATALOG: list[Template] = [
         "filter",
         ("insufficient_signal", "dead_training"),
         False,
-        lambda c: _filter(c, enabled=True, std_threshold=1e-3) if not c.recipe.group_filter.enabled else None,
+        lambda c, _: _filter(c, enabled=True, std_threshold=1e-3) if not c.recipe.group_filter.enabled else None,
         "dropping groups without reward spread stops them from diluting the loss of the groups that have one",
     ),
     Template(
@@ -204,7 +216,7 @@ CATALOG: list[Template] = [
         "filter",
         ("over_filtering",),
         True,
-        lambda c: _filter(c, enabled=False) if c.recipe.group_filter.enabled else None,
+        lambda c, _: _filter(c, enabled=False) if c.recipe.group_filter.enabled else None,
         "the filter keeps too few groups for a stable gradient",
     ),
     Template(
@@ -212,7 +224,9 @@ CATALOG: list[Template] = [
         "optimizer",
         ("insufficient_signal",),
         False,
-        lambda c: {"recipe.num_generations": c.recipe.num_generations * 2} if c.recipe.num_generations < 16 else None,
+        lambda c, _: (
+            {"recipe.num_generations": c.recipe.num_generations * 2} if c.recipe.num_generations < 16 else None
+        ),
         "larger groups are less often all-right or all-wrong, so fewer groups are dead",
     ),
     Template(
@@ -220,7 +234,7 @@ CATALOG: list[Template] = [
         "reward",
         ("reward_hacking", "length_gaming"),
         True,
-        lambda c: _rewards(c, **{k: 0.0 for k in c.recipe.rewards if k != "correctness"}),
+        lambda c, _: _rewards(c, **{k: 0.0 for k in c.recipe.rewards if k != "correctness"}),
         "the shaped components are rewarded without raising correctness; correctness alone cannot be gamed",
     ),
     Template(
@@ -228,7 +242,7 @@ CATALOG: list[Template] = [
         "reward",
         ("format_gate",),
         False,
-        lambda c: _rewards(c, format=max(0.2, 2 * c.recipe.rewards.get("format", 0.0))),
+        lambda c, _: _rewards(c, format=max(0.2, 2 * c.recipe.rewards.get("format", 0.0))),
         "a stronger format reward teaches the answer format that correctness is read from",
     ),
     Template(
@@ -236,7 +250,7 @@ CATALOG: list[Template] = [
         "budget",
         ("truncation",),
         False,
-        lambda c: {"recipe.max_completion_length": int(c.recipe.max_completion_length * 1.5)},
+        lambda c, _: {"recipe.max_completion_length": int(c.recipe.max_completion_length * 1.5)},
         "truncated completions lose their final answer; a longer budget lets them finish",
     ),
     Template(
@@ -244,7 +258,7 @@ CATALOG: list[Template] = [
         "optimizer",
         ("length_gaming",),
         True,
-        lambda c: {"recipe.loss_type": "dr_grpo"} if c.recipe.loss_type != "dr_grpo" else None,
+        lambda c, _: {"recipe.loss_type": "dr_grpo"} if c.recipe.loss_type != "dr_grpo" else None,
         "Dr. GRPO removes the per-sequence length normalization that favors long wrong answers",
     ),
     Template(
@@ -252,7 +266,7 @@ CATALOG: list[Template] = [
         "optimizer",
         ("exploration_collapse",),
         False,
-        lambda c: (
+        lambda c, _: (
             {"recipe.epsilon_high": round((c.recipe.epsilon_high or c.recipe.epsilon) + 0.07, 3)}
             if (c.recipe.epsilon_high or 0) < 0.4
             else None
@@ -264,7 +278,7 @@ CATALOG: list[Template] = [
         "optimizer",
         ("shortcut_collapse", "exploration_collapse", "reward_hacking", "regressed"),
         True,
-        lambda c: {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 0.5)},
+        lambda c, _: {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 0.5)},
         "smaller steps keep the policy near the parent's behavior while the reward still moves it",
     ),
     Template(
@@ -272,7 +286,7 @@ CATALOG: list[Template] = [
         "optimizer",
         ("", "dead_training"),
         False,
-        lambda c: (
+        lambda c, _: (
             {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 2.0)} if c.recipe.learning_rate < 1e-4 else None
         ),
         "the reward spread is there but the policy moves too little in the run's steps",
@@ -282,7 +296,9 @@ CATALOG: list[Template] = [
         "optimizer",
         ("exploration_collapse", ""),
         False,
-        lambda c: {"recipe.temperature": round(c.recipe.temperature + 0.2, 2)} if c.recipe.temperature < 1.4 else None,
+        lambda c, _: (
+            {"recipe.temperature": round(c.recipe.temperature + 0.2, 2)} if c.recipe.temperature < 1.4 else None
+        ),
         "more diverse samples give more groups a mix of right and wrong answers",
     ),
     Template(
@@ -290,7 +306,7 @@ CATALOG: list[Template] = [
         "optimizer",
         ("shortcut_collapse", "reward_hacking"),
         False,
-        lambda c: {"recipe.beta": 0.04} if c.recipe.beta == 0 else None,
+        lambda c, _: {"recipe.beta": 0.04} if c.recipe.beta == 0 else None,
         "a KL anchor to the parent limits drift toward what the shaped reward pays for",
     ),
     Template(
@@ -298,7 +314,9 @@ CATALOG: list[Template] = [
         "budget",
         ("",),
         False,
-        lambda c: {"recipe.steps": int(c.recipe.steps * 2)} if c.recipe.steps * 2 <= c.budget.max_train_steps else None,
+        lambda c, _: (
+            {"recipe.steps": int(c.recipe.steps * 2)} if c.recipe.steps * 2 <= c.budget.max_train_steps else None
+        ),
         "the reward was still rising when the run ended",
     ),
     Template(
@@ -306,7 +324,7 @@ CATALOG: list[Template] = [
         "data",
         ("insufficient_signal", "dead_training"),
         True,
-        lambda c: (
+        lambda c, _: (
             {"domain.max_operands": c.domain.max_operands - 1}
             if getattr(c.domain, "max_operands", 0) > getattr(c.domain, "min_operands", 99)
             else None
@@ -314,11 +332,23 @@ CATALOG: list[Template] = [
         "easier prompts are solved sometimes rather than never, so their groups carry a signal",
     ),
     Template(
+        "drop_hopeless",
+        "data",
+        ("insufficient_signal", "dead_training"),
+        True,
+        lambda c, f: (
+            {"data.exclude_tasks": sorted({*c.data.exclude_tasks, *f.hopeless_tasks})}
+            if f.seen_tasks and len(f.hopeless_tasks) >= 0.1 * f.seen_tasks
+            else None
+        ),
+        "prompts no sample ever solves give all-zero groups: dropping them spends the steps on prompts with a signal",
+    ),
+    Template(
         "more_eval_seeds",
         "evaluation",
         ("insufficient_evidence",),
         False,
-        lambda c: {"eval.sampled_seeds": c.eval.sampled_seeds * 2} if c.eval.sampled_seeds < 8 else None,
+        lambda c, _: {"eval.sampled_seeds": c.eval.sampled_seeds * 2} if c.eval.sampled_seeds < 8 else None,
         "more sampled passes over val narrow the noise floor, so a real gain can clear it",
     ),
 ]

@@ -24,7 +24,7 @@ from engine.coach.backends.base import Backend, BackendError, PlanningContext, P
 from engine.coach.backends.offline import OfflinePlanner
 from engine.coach.evolution import evolve, find_anomaly
 from engine.coach.gates import Answer, Answerer, Gate, Gates, nobody
-from engine.coach.interventions import Intervention, InterventionError, apply, config_changes
+from engine.coach.interventions import Facts, Intervention, InterventionError, apply, config_changes
 from engine.coach.literature import Literature
 from engine.coach.memory import Memory, failure_signature
 from engine.coach.skills import SkillCard, SkillLibrary, slugify
@@ -300,7 +300,26 @@ class Coach:
             tried=tried,
             escalated=bool(rnd["escalated"]),
             branches=branches,
+            facts=self._facts((diagnosis or {}).get("run_id")),
         )
+
+    def _facts(self, run_id: str | None) -> Facts:
+        """Hopeless prompts of the run a round reasons from: train tasks whose every sample (in
+        every group the run drew for them) scored 0 on correctness."""
+        if run_id is None:
+            return Facts()
+        row = self.store.query_one(
+            """
+            SELECT list(task_id ORDER BY task_id) FILTER (WHERE solved = 0), count(*) FROM (
+                SELECT task_id, max(coalesce(reward_components['correctness'], reward)) AS solved
+                FROM rollouts WHERE run_id = ? AND split = 'train' GROUP BY task_id
+            )
+            """,
+            [run_id],
+        )
+        if not row or not row[1]:
+            return Facts()
+        return Facts(tuple(row[0] or ()), int(row[1]))
 
     def _propose(self, round_id: int, ctx: PlanningContext) -> Proposals:
         try:

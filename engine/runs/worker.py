@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +108,13 @@ def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float
     )
 
 
-def grpo_dataset(domain: Domain) -> Dataset:
-    """The train split as a TRL prompt dataset; `task_id` reaches the reward functions."""
-    tasks = domain.tasks("train")
+def grpo_dataset(domain: Domain, exclude: Sequence[str] = ()) -> Dataset:
+    """The train split (minus `exclude`d task ids) as a TRL prompt dataset; `task_id` reaches the
+    reward functions."""
+    left_out = set(exclude)
+    tasks = [t for t in domain.tasks("train") if t.task_id not in left_out]
+    if not tasks:
+        raise ValueError(f"data.exclude_tasks leaves out all {len(left_out)} train tasks: nothing to train on")
     return Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]})
 
 
@@ -127,7 +132,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
         args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
-        train_dataset=grpo_dataset(domain),
+        train_dataset=grpo_dataset(domain, spec.config.data.exclude_tasks),
         callbacks=[_EventCallback(spec, run_dir, events, tokenizer)],
     )
     trainer.group_filter = GroupFilter.from_config(recipe.group_filter)

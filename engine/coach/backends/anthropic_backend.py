@@ -257,6 +257,7 @@ def context_payload(ctx: PlanningContext) -> dict[str, Any]:
         "tried": ctx.tried,
         "escalated": ctx.escalated,
         "branches": ctx.branches,
+        "facts": {"hopeless_tasks": len(ctx.facts.hopeless_tasks), "seen_tasks": ctx.facts.seen_tasks},
     }
 
 

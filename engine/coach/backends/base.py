@@ -13,7 +13,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.coach.interventions import Intervention
+from engine.coach.interventions import Facts, Intervention
 from engine.config import WorkspaceConfig
 
 
@@ -44,6 +44,8 @@ class PlanningContext:
     tried: list[str] = field(default_factory=list)
     escalated: bool = False
     branches: int = 2
+    #: What the store says about the parent's training beyond the diagnosis (e.g. hopeless prompts).
+    facts: Facts = field(default_factory=Facts)
 
 
 @dataclass

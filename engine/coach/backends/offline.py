@@ -142,7 +142,7 @@ class OfflinePlanner:
         factors: set[str] = set()
         notes = []
         for template, source, evidence in self.candidates(ctx):
-            iv = template.propose(ctx.parent_config, evidence, source)
+            iv = template.propose(ctx.parent_config, evidence, source, ctx.facts)
             if iv is None:  # does not apply to this recipe (e.g. already at the value)
                 continue
             if factors & set(iv.factors):
