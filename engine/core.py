@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -97,6 +98,8 @@ class Engine:
         self.on_diagnosis: DiagnosisFn | None = None
         #: Diagnose with these harness layers only (None: all; ("score",) is the score-only ablation).
         self.harness_layers: tuple[str, ...] | None = None
+        #: Set from another thread (the daemon shutting down) to interrupt the run being followed.
+        self.stop_requested = threading.Event()
         self.recover()
 
     @classmethod
@@ -298,6 +301,8 @@ class Engine:
                 self._follow(run_id, run_dir, update, progress)
                 if returncode is not None:
                     break
+                if self.stop_requested.is_set():
+                    raise KeyboardInterrupt("the engine is stopping")
         except BaseException:
             # Interrupted (Ctrl-C) or the engine itself failed: the worker must not outlive the run.
             _kill_group(handle.pid)

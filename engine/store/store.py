@@ -73,6 +73,18 @@ class Store:
             raise
         self.migrate()
 
+    @classmethod
+    def _on(cls, path: Path | str, con: duckdb.DuckDBPyConnection) -> Store:
+        store = cls.__new__(cls)
+        store.path = path
+        store.con = con
+        return store
+
+    def cursor(self) -> Store:
+        """Another connection to the same open database, for another thread of this process (a
+        DuckDB connection is used by one thread at a time; the file may be opened by one process)."""
+        return Store._on(self.path, self.con.cursor())
+
     def close(self) -> None:
         self.con.close()
 

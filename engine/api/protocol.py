@@ -1,0 +1,214 @@
+"""The engine's socket protocol: versioned JSON lines over a Unix socket.
+
+Every message is one JSON object on one line, at most `MAX_MESSAGE_BYTES`.
+
+- request  ``{"v": 1, "id": 7, "method": "list_versions", "params": {...}}``
+- reply    ``{"v": 1, "id": 7, "ok": true, "result": ...}`` or
+           ``{"v": 1, "id": 7, "ok": false, "error": {"type": "not_found", "message": "..."}}``
+- event    ``{"v": 1, "event": "metrics", "data": {...}}`` (pushed after ``subscribe``)
+
+Server and client validate with the same pydantic models. A malformed, oversized or
+unknown-version message gets an error reply (id null when it had none) and the connection and
+the engine go on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PROTOCOL_VERSION = 1
+MAX_MESSAGE_BYTES = 1 << 20
+
+ErrorType = Literal[
+    "bad_request",  # not JSON, or fields of the wrong type
+    "too_large",  # over MAX_MESSAGE_BYTES
+    "unsupported_version",
+    "unknown_method",
+    "not_found",  # a version, run, gate or rollout that does not exist
+    "conflict",  # e.g. a gate already answered, a loop already running
+    "internal",  # the engine failed on a valid request; it goes on
+]
+
+
+class ProtocolError(Exception):
+    def __init__(self, type: ErrorType, message: str, id: int | None = None):
+        self.type = type
+        self.message = message
+        self.id = id
+        super().__init__(f"{type}: {message}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Request(_Strict):
+    v: int
+    id: int
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorInfo(_Strict):
+    type: ErrorType
+    message: str
+
+
+class Reply(_Strict):
+    v: int = PROTOCOL_VERSION
+    id: int | None
+    ok: bool
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class Event(_Strict):
+    v: int = PROTOCOL_VERSION
+    event: str
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- typed params of each method --------------------------------------------------------------------
+class NoParams(_Strict):
+    pass
+
+
+class VersionParams(_Strict):
+    version: str
+
+
+class RunParams(_Strict):
+    run_id: str
+
+
+class MetricsParams(_Strict):
+    run_id: str
+    keys: list[str] = Field(default_factory=list, description="Empty: every key.")
+    after_step: int = 0
+
+
+class RolloutFilter(_Strict):
+    version: str | None = None
+    run_id: str | None = None
+    split: Literal["train", "val"] | None = None
+    step_min: int | None = None
+    step_max: int | None = None
+    reward_min: float | None = None
+    reward_max: float | None = None
+    group: Literal["dead", "live"] | None = None
+    truncated: bool | None = None
+    used_history: bool | None = None
+    search: str | None = Field(None, max_length=200, description="Substring of the prompt or completion.")
+
+
+class PageParams(_Strict):
+    filter: RolloutFilter = Field(default_factory=RolloutFilter)
+    offset: int = Field(0, ge=0)
+    limit: int = Field(50, ge=1, le=500)
+
+
+class RolloutParams(_Strict):
+    rollout_id: str = Field(description="run/split/step/group/sample")
+
+
+class AnswerParams(_Strict):
+    gate: str
+    verb: Literal["approve", "revise", "abort"]
+    feedback: str = ""
+
+
+class StartParams(_Strict):
+    versions: int = Field(1, ge=1, le=100)
+    auto_approve: bool = False
+    harness: Literal["full", "score-only"] | None = None
+
+
+class DiffParams(_Strict):
+    a: str
+    b: str
+
+
+METHODS: dict[str, type[BaseModel]] = {
+    "hello": NoParams,
+    "subscribe": NoParams,
+    "status": NoParams,
+    "list_versions": NoParams,
+    "version": VersionParams,
+    "diagnosis": VersionParams,
+    "list_runs": NoParams,
+    "metrics": MetricsParams,
+    "page_rollouts": PageParams,
+    "rollout": RolloutParams,
+    "gates": NoParams,
+    "answer_gate": AnswerParams,
+    "start": StartParams,
+    "stop": NoParams,
+    "memory": NoParams,
+    "diff": DiffParams,
+}
+
+
+def encode(message: BaseModel) -> bytes:
+    return message.model_dump_json().encode() + b"\n"
+
+
+def decode_request(line: bytes) -> tuple[Request, BaseModel]:
+    """A request line -> (request, its typed params). Raises ProtocolError with the request id
+    when it could be read, so that the error reply can name it."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("too_large", f"message of {len(line)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+    try:
+        raw = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError("bad_request", f"not JSON: {exc}") from None
+    request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), int) else None
+    if isinstance(raw, dict) and raw.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "unsupported_version",
+            f"protocol version {raw.get('v')!r}; this engine speaks {PROTOCOL_VERSION}",
+            request_id,
+        )
+    try:
+        request = Request.model_validate(raw)
+    except ValidationError as exc:
+        raise ProtocolError("bad_request", _short(exc), request_id) from None
+    model = METHODS.get(request.method)
+    if model is None:
+        raise ProtocolError(
+            "unknown_method", f"no method {request.method!r}; methods: {', '.join(METHODS)}", request.id
+        )
+    try:
+        params = model.model_validate(request.params)
+    except ValidationError as exc:
+        raise ProtocolError("bad_request", f"{request.method}: {_short(exc)}", request.id) from None
+    return request, params
+
+
+def decode_incoming(line: bytes) -> Reply | Event:
+    """A line from the engine: a reply or an event (the client's side of the validation)."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ProtocolError("too_large", f"message of {len(line)} bytes from the engine")
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError("bad_request", f"engine sent non-JSON: {exc}") from None
+    if not isinstance(raw, dict) or raw.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError(
+            "unsupported_version", f"engine speaks protocol {raw.get('v') if isinstance(raw, dict) else None!r}"
+        )
+    try:
+        return Event.model_validate(raw) if "event" in raw else Reply.model_validate(raw)
+    except ValidationError as exc:
+        raise ProtocolError("bad_request", f"engine sent an invalid message: {_short(exc)}") from None
+
+
+def error_reply(exc: ProtocolError) -> Reply:
+    return Reply(id=exc.id, ok=False, error=ErrorInfo(type=exc.type, message=exc.message))
+
+
+def _short(exc: ValidationError) -> str:
+    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()[:3]]
+    return "; ".join(parts)

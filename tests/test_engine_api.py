@@ -1,0 +1,255 @@
+"""The engine daemon and its socket protocol: round trips, bad input, concurrency, events, gates,
+the single-engine lock and stale files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.api.client import AsyncEngineClient, EngineClient, EngineError, EngineUnavailable
+from engine.api.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Event, Reply
+from engine.coach.gates import Gates
+from engine.core import Engine
+from engine.daemon import EngineRunningError, WorkspaceLock, serve, socket_path
+from engine.workspace import Workspace
+from tests.harness_data import Rollout, RunBuilder
+
+
+class Served:
+    """An engine serving a workspace from a thread of this process (its own event loop)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.path = socket_path(root)
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self.loop = asyncio.get_running_loop()
+            self.stop_event = asyncio.Event()
+            ready = asyncio.Event()
+            task = asyncio.create_task(serve(self.root, ready, self.stop_event))
+            await ready.wait()
+            self.ready.set()
+            await task
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+            self.ready.set()
+
+    def start(self) -> Served:
+        self.thread.start()
+        assert self.ready.wait(20)
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def stop(self) -> None:
+        if self.loop is not None and self.stop_event is not None:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(20)
+
+    def client(self) -> EngineClient:
+        return EngineClient(self.path)
+
+
+@pytest.fixture
+def workspace(tiny_workspace: Workspace) -> Workspace:
+    """v0 and v1 with a few rollouts and a pending gate, written before the engine starts."""
+    with Engine.open(tiny_workspace.root) as engine:
+        sha = engine.tree.create_base("v0")
+        engine.store.add_version("v0", None, "versions/v0", sha, state="promoted")
+        builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
+        builder.step(1, [[Rollout(0.0), Rollout(1.0)], [Rollout(1.0), Rollout(1.0)]])
+        builder.step(2, [[Rollout(0.0, truncated=True), Rollout(0.0)]]).metric("reward", [0.75, 0.0]).save(2)
+        Gates(engine.store).open(1, "after_design", "round1-design0", "Run 2 branch(es)?", {"proposals": []}, False)
+    return tiny_workspace
+
+
+@pytest.fixture
+def served(workspace: Workspace) -> Iterator[Served]:
+    s = Served(workspace.root).start()
+    yield s
+    s.stop()
+
+
+def raw_exchange(path: Path, data: bytes) -> list[dict]:
+    """Send raw bytes, read replies until the engine has answered every line sent."""
+    expected = data.count(b"\n")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(data)
+        buf = b""
+        while buf.count(b"\n") < expected:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    return [json.loads(line) for line in buf.splitlines()]
+
+
+def test_round_trip_and_typed_results(served: Served) -> None:
+    with served.client() as c:
+        hello = c.call("hello")
+        assert hello["protocol"] == PROTOCOL_VERSION and hello["pid"] == os.getpid()
+        versions = c.call("list_versions")
+        assert [v["name"] for v in versions] == ["v0"] and versions[0]["state"] == "promoted"
+        series = c.call("metrics", run_id="v0-train-1", keys=["reward"])
+        assert series == {"reward": [[1, 0.75], [2, 0.0]]}
+        with pytest.raises(EngineError) as missing:
+            c.call("version", version="v9")
+        assert missing.value.type == "not_found"
+    mode = stat.S_IMODE(os.stat(served.path).st_mode)
+    assert mode == 0o600
+
+
+def test_malformed_oversized_and_unknown_input_get_error_replies_and_the_engine_goes_on(served: Served) -> None:
+    ok = json.dumps({"v": PROTOCOL_VERSION, "id": 9, "method": "hello"}).encode() + b"\n"
+    replies = raw_exchange(
+        served.path,
+        b"this is not json\n"
+        + json.dumps({"v": 99, "id": 1, "method": "hello"}).encode()
+        + b"\n"
+        + json.dumps({"v": PROTOCOL_VERSION, "id": 2, "method": "format_disk"}).encode()
+        + b"\n"
+        + json.dumps({"v": PROTOCOL_VERSION, "id": 3, "method": "page_rollouts", "params": {"limit": 10**6}}).encode()
+        + b"\n"
+        + b"x" * (MAX_MESSAGE_BYTES + 10)
+        + b"\n"
+        + ok,
+    )
+    kinds = [(r["id"], r["ok"], (r.get("error") or {}).get("type")) for r in replies]
+    assert kinds == [
+        (None, False, "bad_request"),
+        (1, False, "unsupported_version"),
+        (2, False, "unknown_method"),
+        (3, False, "bad_request"),
+        (None, False, "too_large"),
+        (9, True, None),
+    ]
+    with served.client() as c:
+        assert c.call("hello")["workspace"] == str(served.root)
+
+
+def test_concurrent_clients_each_get_their_own_answers(served: Served) -> None:
+    results: dict[int, list[str]] = {}
+
+    def worker(n: int) -> None:
+        with served.client() as c:
+            results[n] = [c.call("version", version="v0")["name"] for _ in range(20)]
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == {n: ["v0"] * 20 for n in range(6)}
+
+
+def test_rollout_paging_and_filters_are_sql_in_the_engine(served: Served) -> None:
+    with served.client() as c:
+        page = c.call("page_rollouts", limit=2)
+        assert page["total"] == 6 and [r["id"] for r in page["rows"]] == [
+            "v0-train-1/train/1/0/0",
+            "v0-train-1/train/1/0/1",
+        ]
+        dead = c.call("page_rollouts", filter={"group": "dead"}, limit=50)
+        # Group 1 of step 1 (two rewards of 1) and the step-2 group (two zeros) have no spread.
+        assert sorted(r["id"] for r in dead["rows"]) == [
+            "v0-train-1/train/1/1/0",
+            "v0-train-1/train/1/1/1",
+            "v0-train-1/train/2/0/0",
+            "v0-train-1/train/2/0/1",
+        ]
+        assert c.call("page_rollouts", filter={"truncated": True})["total"] == 1
+        assert c.call("page_rollouts", filter={"reward_min": 0.5, "step_max": 1})["total"] == 3
+        detail = c.call("rollout", rollout_id="v0-train-1/train/1/0/1")
+        assert detail["reward"] == 1.0 and detail["components"] == {"correctness": 1.0}
+        assert [g["sample_idx"] for g in detail["group"]] == [0, 1]
+
+
+def test_answering_a_gate_through_the_socket_changes_the_stored_gate(served: Served) -> None:
+    with served.client() as c:
+        (gate,) = [g for g in c.call("gates") if g["state"] == "pending"]
+        answer = c.call("answer_gate", gate=gate["id"], verb="revise", feedback="smaller steps")
+        assert answer == {"gate": gate["id"], "state": "revised", "taken_by": "store"}
+        with pytest.raises(EngineError) as again:
+            c.call("answer_gate", gate=gate["id"], verb="approve")
+        assert again.value.type == "conflict"
+        assert c.call("status")["pending_gates"] == []
+
+
+def test_subscribers_receive_events_and_a_stuck_client_does_not_block_them(served: Served) -> None:
+    async def scenario() -> list[Event]:
+        got: list[Event] = []
+        client = AsyncEngineClient(served.path, on_event=got.append)
+        await client.connect()
+        assert (await client.call("subscribe"))["subscribed"]
+        stuck = socket.socket(socket.AF_UNIX)  # subscribes and never reads
+        stuck.connect(str(served.path))
+        stuck.sendall(json.dumps({"v": PROTOCOL_VERSION, "id": 1, "method": "subscribe"}).encode() + b"\n")
+        await asyncio.sleep(0.2)
+        server = _server_of(served)
+        for step in range(1, 2001):
+            server.publish("run", {"run_id": "v1-train-1", "step": step})
+        for _ in range(100):
+            if len(got) >= 2000:
+                break
+            await asyncio.sleep(0.05)
+        await client.close()
+        stuck.close()
+        return got
+
+    events = asyncio.run(scenario())
+    assert [e.data["step"] for e in events] == list(range(1, 2001))
+
+
+def _server_of(served: Served):  # type: ignore[no-untyped-def]
+    import gc
+
+    from engine.api.server import EngineServer
+
+    (server,) = [o for o in gc.get_objects() if isinstance(o, EngineServer) and o.socket_path == served.path]
+    return server
+
+
+def test_one_engine_per_workspace_and_stale_files_are_cleaned(workspace: Workspace) -> None:
+    path = socket_path(workspace.root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("stale")  # a socket file left by a killed engine
+    first = Served(workspace.root).start()
+    try:
+        assert stat.S_ISSOCK(os.stat(path).st_mode)
+        with pytest.raises(EngineRunningError, match=f"pid {os.getpid()}"):
+            WorkspaceLock(workspace.root).acquire()
+        assert WorkspaceLock(workspace.root).held_by_other()
+    finally:
+        first.stop()
+    assert not path.exists() and not WorkspaceLock(workspace.root).held_by_other()
+    with pytest.raises(EngineUnavailable):
+        EngineClient(path)
+    # A new engine starts on the same workspace (the lock died with the first one).
+    Served(workspace.root).start().stop()
+
+
+def test_a_reply_the_client_cannot_validate_is_an_error_not_a_crash() -> None:
+    from engine.api.protocol import ProtocolError, decode_incoming
+
+    with pytest.raises(ProtocolError, match="protocol"):
+        decode_incoming(b'{"v": 2, "id": 1, "ok": true}\n')
+    assert isinstance(decode_incoming(b'{"v": 1, "id": 1, "ok": true, "result": 3}\n'), Reply)
