@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -14,15 +19,19 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.tree import Tree
 
-from engine.coach.gates import Answer, Gate, GateError, Gates, nobody
+from engine.api import queries
+from engine.api.client import EngineClient, EngineError
+from engine.coach.gates import Answer, Gate, GateError, nobody
 from engine.coach.gates import auto_approve as auto_approve_gate
 from engine.coach.loop import Coach, CoachEvent
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
+from engine.daemon import EngineRunningError, serve, socket_path, spawn
 from engine.harness.diagnose import Diagnosis
-from engine.store import StoreLockedError, VersionRecord
+from engine.store import StoreLockedError
 from engine.versions import VersionTreeError
-from engine.workspace import TEMPLATES, WorkspaceError, init_workspace
+from engine.workspace import TEMPLATES, Workspace, WorkspaceError, init_workspace
+from evotui.access import engine_socket, open_access
 
 app = typer.Typer(
     name="evotui",
@@ -87,8 +96,13 @@ class _RunDisplay:
 
 def _terminal_answer(gate: Gate) -> Answer | None:
     """Ask at the terminal: approve, revise (with feedback) or abort."""
-    console.print(f"[bold]gate {gate.id}[/] ({gate.kind}{', forced by consecutive failures' if gate.forced else ''})")
-    verb = typer.prompt(f"{gate.question} [approve/revise/abort]", default="approve").strip().lower()
+    forced = ", forced by consecutive failures" if gate.forced else ""
+    return _terminal_answer_for(gate.id, gate.kind + forced, gate.question)
+
+
+def _terminal_answer_for(gate_id: str, kind: str, question: str) -> Answer:
+    console.print(f"[bold]gate {gate_id}[/] ({kind})")
+    verb = typer.prompt(f"{question} [approve/revise/abort]", default="approve").strip().lower()
     while verb not in ("approve", "revise", "abort", "a", "r", "x"):
         verb = typer.prompt("answer approve, revise or abort", default="approve").strip().lower()
     verb = {"a": "approve", "r": "revise", "x": "abort"}.get(verb, verb)
@@ -116,15 +130,23 @@ def _fmt(value: float | None, digits: int = 3) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
 
-def _versions_table(engine: Engine, names: list[str]) -> Table:
+def _versions_table(versions: list[dict[str, Any]], names: list[str]) -> Table:
+    """`versions` as `list_versions` gives them (locally or from the engine)."""
     table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("version", "parent", "state", "verdict"):
         table.add_column(col, no_wrap=True)
     for col in ("greedy", "sampled"):
         table.add_column(col, justify="right", no_wrap=True)
-    for name in names:
-        if (v := engine.store.get_version(name)) is not None:
-            table.add_row(v.name, v.parent or "—", v.state, v.verdict or "—", _fmt(v.val_greedy), _fmt(v.val_sampled))
+    for v in versions:
+        if v["name"] in names:
+            table.add_row(
+                v["name"],
+                v["parent"] or "—",
+                v["state"],
+                v["verdict"] or "—",
+                _fmt(v["val_greedy"]),
+                _fmt(v["val_sampled"]),
+            )
     return table
 
 
@@ -166,16 +188,12 @@ def run(
     if harness is not None and harness not in ("full", "score-only"):
         _fail(ValueError(f"--harness must be full or score-only, not {harness!r}"))
     try:
+        if (path := engine_socket(workspace)) is not None:
+            _run_remote(path, versions, auto_approve, harness)
+            return
         with Engine.open(workspace) as engine:
             console.print(f"Workspace [bold]{engine.workspace.root}[/] ({engine.config.workspace.name})")
-            progress = Progress(
-                TextColumn("{task.description:<12}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                TextColumn("{task.fields[live]}"),
-                console=console,
-            )
+            progress = _progress()
 
             def on_event(event: CoachEvent) -> None:
                 if (line := _event_line(event)) is not None:
@@ -198,7 +216,7 @@ def run(
             with progress:
                 result = coach.run(versions, _RunDisplay(progress))
             shown = ["v0", *result.trained] if "v0" not in start or result.trained else ["v0"]
-            console.print(_versions_table(engine, shown))
+            console.print(_versions_table(queries.versions(engine.store), shown))
             if (training := _training_table(engine, shown)) is not None:
                 console.print(training)
             if result.waiting is not None:
@@ -220,13 +238,75 @@ def run(
         raise typer.Exit(130) from None
 
 
-def _answer_gate(workspace: Path, gate_id: str, answer: Answer) -> None:
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[live]}"),
+        console=console,
+    )
+
+
+def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | None) -> None:
+    """`run` when an engine serves the workspace: it runs the coach; this follows its events and
+    answers its gates at the terminal. Leaving (Ctrl-C, or a gate without a terminal) leaves the
+    engine going."""
     try:
-        with Engine.open(workspace) as engine:
-            gate = Gates(engine.store).answer(gate_id, answer)
-    except (*USER_ERRORS, GateError) as exc:
+        with EngineClient(path, timeout=None) as client:
+            hello = client.call("hello")
+            console.print(f"Workspace [bold]{hello['workspace']}[/] ({hello['name']}), engine pid {hello['pid']}")
+            client.call("subscribe")
+            client.call("start", versions=versions, auto_approve=auto_approve, harness=harness)
+            progress = _progress()
+            display = _RunDisplay(progress)
+            with progress:
+                for event in client.events():
+                    d = event.data
+                    if event.event == "coach":
+                        line = _event_line(CoachEvent(d["kind"], d["message"]))
+                        if line:
+                            progress.console.print(line, highlight=False)
+                    elif event.event == "run":
+                        display(RunUpdate(**d))
+                    elif event.event == "gate":
+                        if auto_approve or not sys.stdin.isatty():
+                            progress.console.print(
+                                f"[yellow]gate {d['gate']} waits in the engine:[/] {escape(d['question'])}\n"
+                                f"  evotui gates|approve|revise|abort {hello['workspace']} {d['gate']}",
+                                highlight=False,
+                            )
+                            return
+                        progress.stop()
+                        answer = _terminal_answer_for(d["gate"], d["kind"], d["question"])
+                        client.call("answer_gate", gate=d["gate"], verb=answer.verb, feedback=answer.feedback)
+                        progress.start()
+                    elif event.event == "coach_state" and not d.get("running"):
+                        if d.get("error"):
+                            err.print(f"[red]the coach failed:[/] {escape(d['error'])}")
+                        elif d.get("stopped"):
+                            progress.console.print(f"[yellow]stopped:[/] {escape(d['stopped'])}", highlight=False)
+                        break
+            rows = client.call("list_versions")
+            console.print(_versions_table(rows, [v["name"] for v in rows]))
+    except EngineError as exc:
         _fail(exc)
-    console.print(f"gate {gate.id} ({gate.kind}, {gate.subject}): {gate.state}. `evotui run {workspace}` goes on.")
+    except KeyboardInterrupt:
+        err.print("[yellow]left[/]: the engine goes on; `evotui status` shows where it is")
+        raise typer.Exit(130) from None
+
+
+def _answer_gate(workspace: Path, gate_id: str, verb: str, feedback: str = "") -> None:
+    try:
+        with open_access(workspace) as access:
+            done = access.call("answer_gate", gate=gate_id, verb=verb, feedback=feedback)
+    except (*USER_ERRORS, EngineError) as exc:
+        _fail(exc)
+    if done["taken_by"] == "coach":
+        console.print(f"gate {gate_id}: {verb} taken by the running engine; it goes on.")
+    else:
+        console.print(f"gate {gate_id}: {done['state']}. `evotui run {workspace}` goes on from there.")
 
 
 GateArg = Annotated[str, typer.Argument(help="The gate id, e.g. g3 (see `evotui gates WS`).", show_default=False)]
@@ -235,7 +315,7 @@ GateArg = Annotated[str, typer.Argument(help="The gate id, e.g. g3 (see `evotui 
 @app.command()
 def approve(workspace: WorkspaceArg, gate: GateArg) -> None:
     """Approve a pending gate."""
-    _answer_gate(workspace, gate, Answer("approve", by="cli"))
+    _answer_gate(workspace, gate, "approve")
 
 
 @app.command()
@@ -246,16 +326,16 @@ def revise(
 ) -> None:
     """Answer a pending gate with revise: the feedback goes into the next proposal."""
     try:
-        answer = Answer("revise", feedback, by="cli")
+        Answer("revise", feedback, by="cli")  # checks the feedback before anything is opened
     except GateError as exc:
         _fail(exc)
-    _answer_gate(workspace, gate, answer)
+    _answer_gate(workspace, gate, "revise", feedback)
 
 
 @app.command()
 def abort(workspace: WorkspaceArg, gate: GateArg) -> None:
     """Abort at a pending gate: the loop stops and what the round had not run is pruned."""
-    _answer_gate(workspace, gate, Answer("abort", by="cli"))
+    _answer_gate(workspace, gate, "abort")
 
 
 @app.command()
@@ -265,21 +345,20 @@ def gates(
 ) -> None:
     """Gates waiting for an answer, with their reports."""
     try:
-        with Engine.open(workspace) as engine:
-            store = Gates(engine.store)
-            shown = store.list() if all_gates else store.pending()
-    except USER_ERRORS as exc:
+        with open_access(workspace) as access:
+            shown = [g for g in access.call("gates") if all_gates or g["state"] == "pending"]
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if not shown:
         console.print("no gate is pending" if not all_gates else "no gates yet")
     for g in shown:
-        forced = " [yellow]forced[/]" if g.forced else ""
-        console.print(f"[bold]{g.id}[/] {g.kind} {g.subject}: {g.state}{forced}", highlight=False)
-        console.print(f"  {escape(g.question)}", highlight=False)
-        for line in _report_lines(g.report.get("report")):
+        forced = " [yellow]forced[/]" if g["forced"] else ""
+        console.print(f"[bold]{g['id']}[/] {g['kind']} {g['subject']}: {g['state']}{forced}", highlight=False)
+        console.print(f"  {escape(g['question'])}", highlight=False)
+        for line in _report_lines(g["report"].get("report")):
             console.print(f"  {escape(line)}", highlight=False)
-        if g.feedback:
-            console.print(f"  feedback: {escape(g.feedback)}", highlight=False)
+        if g["feedback"]:
+            console.print(f"  feedback: {escape(g['feedback'])}", highlight=False)
 
 
 def _report_lines(report: object) -> list[str]:
@@ -300,90 +379,127 @@ def _report_lines(report: object) -> list[str]:
     return []
 
 
-@app.command()
-def status(workspace: WorkspaceArg) -> None:
-    """The workspace at a glance: versions, the best one, recent runs."""
+@app.command("engine")
+def engine_cmd(
+    workspace: WorkspaceArg,
+    detach: Annotated[bool, typer.Option("--detach", help="Start it in the background and return.")] = False,
+    stop: Annotated[bool, typer.Option("--stop", help="Stop the engine serving WORKSPACE.")] = False,
+) -> None:
+    """The workspace's engine: it owns the store, runs the coach and the runs, and serves the
+    socket the TUI and the CLI talk to. Foreground by default (Ctrl-C stops it)."""
     try:
-        with Engine.open(workspace) as engine:
-            cfg = engine.config
-            best = engine.best_version()
-            console.print(f"[bold]{cfg.workspace.name}[/]  {engine.workspace.root}")
-            policy = str(cfg.policy.path) if cfg.policy.kind == "local" else "embedded tiny Llama"
-            console.print(f"domain {cfg.domain.name} · policy {policy} · loss {cfg.recipe.loss_type}")
-            all_versions = engine.store.list_versions()
-            console.print(
-                f"{len(all_versions)} version(s); best: "
-                + (f"{best.name} (val greedy {_fmt(best.val_greedy)})" if best else "none yet")
-            )
-            runs = engine.store.list_runs()[-5:]
-            if runs:
-                table = Table(title="Recent runs", title_justify="left")
-                for col in ("run", "version", "kind", "state", "steps", "ended"):
-                    table.add_column(col)
-                for r in runs:
-                    table.add_row(
-                        r.id,
-                        r.version,
-                        r.kind,
-                        r.state,
-                        str(r.total_steps or "—"),
-                        r.ended_at.strftime("%Y-%m-%d %H:%M") if r.ended_at else "—",
-                    )
-                console.print(table)
-                failed = [r for r in runs if r.state == "failed"]
-                if failed:
-                    last = failed[-1].error_tail or ""
-                    console.print(
-                        f"[red]last failure ({failed[-1].id}):[/] "
-                        + (last.strip().splitlines()[-1] if last.strip() else "")
-                    )
-            for g in Gates(engine.store).pending():
-                console.print(
-                    f"[yellow]gate {g.id} waits[/] ({g.kind}): {escape(g.question)}  → evotui gates {workspace}"
-                )
-    except USER_ERRORS as exc:
+        root = Workspace.open(workspace).root
+        path = engine_socket(root)
+        if stop:
+            if path is None:
+                console.print("no engine serves this workspace")
+                return
+            with EngineClient(path) as client:
+                pid = client.call("hello")["pid"]
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(300):
+                if engine_socket(root) is None:
+                    break
+                time.sleep(0.1)
+            console.print(f"engine (pid {pid}) stopped")
+            return
+        if path is not None:
+            with EngineClient(path) as client:
+                console.print(f"an engine (pid {client.call('hello')['pid']}) already serves {root}")
+            return
+        if detach:
+            console.print(f"engine started (pid {spawn(root)}); socket {socket_path(root)}")
+            return
+        console.print(f"engine serving {socket_path(root)} (pid {os.getpid()}); Ctrl-C stops it")
+        asyncio.run(serve(root))
+    except (*USER_ERRORS, EngineError, EngineRunningError, RuntimeError) as exc:
         _fail(exc)
 
 
-def _version_label(v: VersionRecord) -> str:
-    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow", "pruned": "dim"}.get(
-        v.state, "white"
+@app.command()
+def status(workspace: WorkspaceArg) -> None:
+    """The workspace at a glance: the engine, versions, the best one, recent runs, pending gates."""
+    try:
+        with open_access(workspace) as access:
+            hello = access.call("hello")
+            state = access.call("status")
+            versions = access.call("list_versions")
+    except (*USER_ERRORS, EngineError) as exc:
+        _fail(exc)
+    console.print(f"[bold]{hello['name']}[/]  {hello['workspace']}")
+    if access.remote:
+        coach = "the coach is running" if state["coach_running"] else "the coach is idle"
+        console.print(f"engine: pid {hello['pid']}, {coach}")
+    else:
+        console.print("engine: none running (`evotui engine WS` starts one)")
+    promoted = [v for v in versions if v["state"] == "promoted" and v["val_greedy"] is not None]
+    best = max(promoted, key=lambda v: (v["val_greedy"] + (v["val_sampled"] or 0)) / 2, default=None)
+    console.print(
+        f"{len(versions)} version(s); best: "
+        + (f"{best['name']} (val greedy {_fmt(best['val_greedy'])})" if best else "none yet")
     )
-    scores = f"greedy {_fmt(v.val_greedy)} sampled {_fmt(v.val_sampled)}" if v.val_greedy is not None else "no score"
-    verdict = f" · {v.verdict}" if v.verdict else ""
-    return f"[bold]{v.name}[/] [{color}]{v.state}[/] · {scores}{verdict}"
+    runs = state["runs"]
+    if runs:
+        table = Table(title="Recent runs", title_justify="left")
+        for col in ("run", "version", "kind", "state", "steps", "ended"):
+            table.add_column(col)
+        for r in runs:
+            table.add_row(
+                r["id"], r["version"], r["kind"], r["state"], str(r["total_steps"] or "—"), (r["ended_at"] or "—")[:16]
+            )
+        console.print(table)
+        failed = [r for r in runs if r["state"] == "failed"]
+        if failed:
+            last = (failed[-1]["error_tail"] or "").strip()
+            console.print(f"[red]last failure ({failed[-1]['id']}):[/] " + (last.splitlines()[-1] if last else ""))
+    for gate_id in state["pending_gates"]:
+        console.print(f"[yellow]gate {gate_id} waits[/]  → evotui gates {workspace}")
+
+
+def _version_label(v: dict[str, Any]) -> str:
+    color = {"promoted": "green", "rejected": "red", "failed": "red", "training": "yellow", "pruned": "dim"}.get(
+        v["state"], "white"
+    )
+    scores = (
+        f"greedy {_fmt(v['val_greedy'])} sampled {_fmt(v['val_sampled'])}"
+        if v["val_greedy"] is not None
+        else "no score"
+    )
+    verdict = f" · {v['verdict']}" if v["verdict"] else ""
+    return f"[bold]{v['name']}[/] [{color}]{v['state']}[/] · {scores}{verdict}"
 
 
 @app.command("versions")
 def versions_cmd(workspace: WorkspaceArg) -> None:
     """The version tree, with scores, states and each version's change."""
     try:
-        with Engine.open(workspace) as engine:
-            records = engine.store.list_versions()
-            if not records:
-                console.print("No versions yet: `evotui run WS` builds v0.")
-                return
-            children: dict[str | None, list[VersionRecord]] = {}
-            for v in records:
-                children.setdefault(v.parent, []).append(v)
-
-            def add(node: Tree, v: VersionRecord) -> None:
-                label = _version_label(v)
-                if v.intervention_id and (iv := engine.store.get_intervention(v.intervention_id)):
-                    change = ", ".join(f"{k}: {c['from']} → {c['to']}" for k, c in iv["change"].items())
-                    label += f"\n[dim]Δ {escape(change) or 'GRPO with the parent recipe'}[/]"
-                if v.decision_reason and v.parent is not None:
-                    label += f"\n[dim]why: {escape(v.decision_reason)}[/]"
-                child = node.add(label)
-                for c in children.get(v.name, []):
-                    add(child, c)
-
-            root = Tree(f"[bold]{engine.config.workspace.name}[/]", guide_style="dim")
-            for v in children.get(None, []):
-                add(root, v)
-            console.print(root)
-    except USER_ERRORS as exc:
+        with open_access(workspace) as access:
+            records = access.call("list_versions")
+            name = access.call("hello")["name"]
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
+    if not records:
+        console.print("No versions yet: `evotui run WS` builds v0.")
+        return
+    children: dict[str | None, list[dict[str, Any]]] = {}
+    for v in records:
+        children.setdefault(v["parent"], []).append(v)
+
+    def add(node: Tree, v: dict[str, Any]) -> None:
+        label = _version_label(v)
+        if v["change"] is not None:
+            change = ", ".join(f"{k}: {c['from']} → {c['to']}" for k, c in json.loads(v["change"]).items())
+            label += f"\n[dim]Δ {escape(change) or 'GRPO with the parent recipe'}[/]"
+        if v["decision_reason"] and v["parent"] is not None:
+            label += f"\n[dim]why: {escape(v['decision_reason'])}[/]"
+        child = node.add(label)
+        for c in children.get(v["name"], []):
+            add(child, c)
+
+    root = Tree(f"[bold]{name}[/]", guide_style="dim")
+    for v in children.get(None, []):
+        add(root, v)
+    console.print(root)
 
 
 def main() -> None:
@@ -391,8 +507,6 @@ def main() -> None:
 
 
 def _print_json(data: object) -> None:
-    import json
-
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -253,3 +253,32 @@ def test_a_reply_the_client_cannot_validate_is_an_error_not_a_crash() -> None:
     with pytest.raises(ProtocolError, match="protocol"):
         decode_incoming(b'{"v": 2, "id": 1, "ok": true}\n')
     assert isinstance(decode_incoming(b'{"v": 1, "id": 1, "ok": true, "result": 3}\n'), Reply)
+
+
+def test_the_cli_goes_through_a_running_engine(workspace: Workspace) -> None:
+    """A real engine process (as `evotui engine --detach` starts it): the CLI answers a gate, shows
+    status and the tree through the socket, runs the coach in the engine, and stops it."""
+    from typer.testing import CliRunner
+
+    from engine.daemon import spawn
+    from evotui.cli import app
+
+    runner = CliRunner()
+    ws = str(workspace.root)
+    pid = spawn(workspace.root)
+    try:
+        assert pid > 0 and WorkspaceLock(workspace.root).held_by_other()
+        status = runner.invoke(app, ["status", ws])
+        assert status.exit_code == 0 and f"engine: pid {pid}" in status.output and "gate g1 waits" in status.output
+        answered = runner.invoke(app, ["revise", ws, "g1", "smaller steps"])
+        assert answered.exit_code == 0 and "revised" in answered.output
+        listed = " ".join(runner.invoke(app, ["gates", ws, "--all"]).output.split())
+        assert "g1 after_design round1-design0: revised" in listed and "feedback: smaller steps" in listed
+        tree = runner.invoke(app, ["versions", ws])
+        assert tree.exit_code == 0 and "v0 promoted" in tree.output
+        started = runner.invoke(app, ["engine", ws])
+        assert "already serves" in started.output
+    finally:
+        stopped = runner.invoke(app, ["engine", ws, "--stop"])
+    assert f"engine (pid {pid}) stopped" in stopped.output
+    assert not WorkspaceLock(workspace.root).held_by_other()
