@@ -35,8 +35,9 @@ from evotui.access import engine_socket, open_access
 
 app = typer.Typer(
     name="evotui",
-    help="An autonomous trainer for RL post-training of language-model policies (GRPO on TRL).",
-    no_args_is_help=True,
+    help="An autonomous trainer for RL post-training of language-model policies (GRPO on TRL).\n\n"
+    "Without a command, in a workspace directory: opens the workbench (`evotui tui .`).",
+    invoke_without_command=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
@@ -50,6 +51,32 @@ USER_ERRORS = (WorkspaceConfigError, WorkspaceError, StoreLockedError, VersionTr
 def _fail(exc: Exception) -> None:
     err.print(f"[bold red]error:[/] {exc}", highlight=False)
     raise typer.Exit(1)
+
+
+@app.callback()
+def _default(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:
+        if (Path.cwd() / "workspace.toml").is_file():
+            tui(Path.cwd())
+        else:
+            console.print(ctx.get_help())
+
+
+@app.command()
+def tui(
+    workspace: Annotated[Path, typer.Argument(help="The workspace directory.")] = Path("."),
+    no_engine: Annotated[bool, typer.Option("--no-engine", help="Do not start an engine; wait for one.")] = False,
+) -> None:
+    """The workbench: version tree, live curves, diagnosis, gates, rollouts, memory (also over SSH).
+
+    Starts the workspace's engine if none runs; closing the workbench leaves it running."""
+    try:
+        root = Workspace.open(workspace).root
+    except USER_ERRORS as exc:
+        _fail(exc)
+    from evotui.tui.app import EvoApp
+
+    EvoApp(root, start_engine=not no_engine).run()
 
 
 @app.command()

@@ -16,67 +16,14 @@ import pytest
 
 from engine.api.client import AsyncEngineClient, EngineClient, EngineError, EngineUnavailable
 from engine.api.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Event, Reply
-from engine.coach.gates import Gates
-from engine.core import Engine
-from engine.daemon import EngineRunningError, WorkspaceLock, serve, socket_path
+from engine.daemon import EngineRunningError, WorkspaceLock, socket_path
 from engine.workspace import Workspace
-from tests.harness_data import Rollout, RunBuilder
-
-
-class Served:
-    """An engine serving a workspace from a thread of this process (its own event loop)."""
-
-    def __init__(self, root: Path):
-        self.root = root
-        self.path = socket_path(root)
-        self.ready = threading.Event()
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self.stop_event: asyncio.Event | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True)
-
-    def _main(self) -> None:
-        async def go() -> None:
-            self.loop = asyncio.get_running_loop()
-            self.stop_event = asyncio.Event()
-            ready = asyncio.Event()
-            task = asyncio.create_task(serve(self.root, ready, self.stop_event))
-            await ready.wait()
-            self.ready.set()
-            await task
-
-        try:
-            asyncio.run(go())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            self.error = exc
-            self.ready.set()
-
-    def start(self) -> Served:
-        self.thread.start()
-        assert self.ready.wait(20)
-        if self.error is not None:
-            raise self.error
-        return self
-
-    def stop(self) -> None:
-        if self.loop is not None and self.stop_event is not None:
-            self.loop.call_soon_threadsafe(self.stop_event.set)
-        self.thread.join(20)
-
-    def client(self) -> EngineClient:
-        return EngineClient(self.path)
+from tests.engine_support import Served, populate
 
 
 @pytest.fixture
 def workspace(tiny_workspace: Workspace) -> Workspace:
-    """v0 and v1 with a few rollouts and a pending gate, written before the engine starts."""
-    with Engine.open(tiny_workspace.root) as engine:
-        sha = engine.tree.create_base("v0")
-        engine.store.add_version("v0", None, "versions/v0", sha, state="promoted")
-        builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
-        builder.step(1, [[Rollout(0.0), Rollout(1.0)], [Rollout(1.0), Rollout(1.0)]])
-        builder.step(2, [[Rollout(0.0, truncated=True), Rollout(0.0)]]).metric("reward", [0.75, 0.0]).save(2)
-        Gates(engine.store).open(1, "after_design", "round1-design0", "Run 2 branch(es)?", {"proposals": []}, False)
+    populate(tiny_workspace)
     return tiny_workspace
 
 
@@ -204,7 +151,7 @@ def test_subscribers_receive_events_and_a_stuck_client_does_not_block_them(serve
         stuck.connect(str(served.path))
         stuck.sendall(json.dumps({"v": PROTOCOL_VERSION, "id": 1, "method": "subscribe"}).encode() + b"\n")
         await asyncio.sleep(0.2)
-        server = _server_of(served)
+        server = served.server
         for step in range(1, 2001):
             server.publish("run", {"run_id": "v1-train-1", "step": step})
         for _ in range(100):
@@ -217,15 +164,6 @@ def test_subscribers_receive_events_and_a_stuck_client_does_not_block_them(serve
 
     events = asyncio.run(scenario())
     assert [e.data["step"] for e in events] == list(range(1, 2001))
-
-
-def _server_of(served: Served):  # type: ignore[no-untyped-def]
-    import gc
-
-    from engine.api.server import EngineServer
-
-    (server,) = [o for o in gc.get_objects() if isinstance(o, EngineServer) and o.socket_path == served.path]
-    return server
 
 
 def test_one_engine_per_workspace_and_stale_files_are_cleaned(workspace: Workspace) -> None:

@@ -144,7 +144,9 @@ class AsyncEngineClient:
                     if self.on_event is not None:
                         self.on_event(message)
                 elif message.id in self.waiting:
-                    self.waiting.pop(message.id).set_result(message)
+                    future = self.waiting.pop(message.id)
+                    if not future.done():  # the caller may have given up (a cancelled worker)
+                        future.set_result(message)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -166,7 +168,10 @@ class AsyncEngineClient:
         except (ConnectionError, OSError) as exc:
             self.waiting.pop(request.id, None)
             raise EngineUnavailable(f"the engine went away ({exc})") from None
-        return _result(await asyncio.wait_for(future, timeout))
+        try:
+            return _result(await asyncio.wait_for(future, timeout))
+        finally:
+            self.waiting.pop(request.id, None)
 
     async def close(self) -> None:
         if self.writer is not None:

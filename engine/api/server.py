@@ -45,6 +45,7 @@ class EngineServer:
         self.socket_path = socket_path
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="api")
         self.subscribers: set[_Client] = set()
+        self.connections: set[asyncio.StreamWriter] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
 
@@ -62,9 +63,15 @@ class EngineServer:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
+        # Closing the connections ends their handlers normally (cancelling them would not).
+        for writer in list(self.connections):
+            writer.close()
+        for _ in range(50):
+            if not self.connections:
+                break
+            await asyncio.sleep(0.02)
+        if self.server is not None:
             await self.server.wait_closed()
-        for client in list(self.subscribers):
-            client.writer.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     # -- events ------------------------------------------------------------------------------------
@@ -91,6 +98,7 @@ class EngineServer:
     # -- requests ------------------------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         client = _Client(writer)
+        self.connections.add(writer)
         pump: asyncio.Task[None] | None = None
         write_lock = asyncio.Lock()
         try:
@@ -112,6 +120,7 @@ class EngineServer:
         except (ConnectionError, BrokenPipeError):
             pass
         finally:
+            self.connections.discard(writer)
             self.subscribers.discard(client)
             if pump is not None:
                 pump.cancel()

@@ -1,0 +1,80 @@
+"""An engine served from a thread of the test process, and a workspace with data to serve."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from engine.api.client import EngineClient
+from engine.api.server import EngineServer
+from engine.coach.gates import Gates
+from engine.core import Engine
+from engine.daemon import serve, socket_path
+from engine.workspace import Workspace
+from tests.harness_data import Rollout, RunBuilder
+
+
+class Served:
+    """An engine serving a workspace from a thread of this process (its own event loop)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.path = socket_path(root)
+        self.ready = threading.Event()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stop_event: asyncio.Event | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        async def go() -> None:
+            self.loop = asyncio.get_running_loop()
+            self.stop_event = asyncio.Event()
+            ready = asyncio.Event()
+            task = asyncio.create_task(serve(self.root, ready, self.stop_event))
+            await ready.wait()
+            self.ready.set()
+            await task
+
+        try:
+            asyncio.run(go())
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            self.error = exc
+            self.ready.set()
+
+    def start(self) -> Served:
+        self.thread.start()
+        assert self.ready.wait(20)
+        if self.error is not None:
+            raise self.error
+        return self
+
+    def stop(self) -> None:
+        if not self.thread.is_alive():
+            return
+        if self.loop is not None and self.stop_event is not None:
+            self.loop.call_soon_threadsafe(self.stop_event.set)
+        self.thread.join(20)
+
+    def client(self) -> EngineClient:
+        return EngineClient(self.path)
+
+    @property
+    def server(self) -> EngineServer:
+        """The running server object (to publish events or reach the engine's store)."""
+        import gc
+
+        (server,) = [o for o in gc.get_objects() if isinstance(o, EngineServer) and o.socket_path == self.path]
+        return server
+
+
+def populate(ws: Workspace) -> None:
+    """v0 with a small train run (6 rollouts, two steps of reward metrics) and a pending gate."""
+    with Engine.open(ws.root) as engine:
+        sha = engine.tree.create_base("v0")
+        engine.store.add_version("v0", None, "versions/v0", sha, state="promoted")
+        builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
+        builder.step(1, [[Rollout(0.0), Rollout(1.0)], [Rollout(1.0), Rollout(1.0)]])
+        builder.step(2, [[Rollout(0.0, truncated=True), Rollout(0.0)]]).metric("reward", [0.75, 0.0]).save(2)
+        Gates(engine.store).open(1, "after_design", "round1-design0", "Run 2 branch(es)?", {"proposals": []}, False)

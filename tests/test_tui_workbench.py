@@ -1,0 +1,157 @@
+"""The workbench driven with Pilot against a real engine: the tree, live curves, gates answered
+from the keyboard, and reconnecting after an engine restart."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.coach.gates import Gates
+from engine.coach.interventions import Intervention, apply
+from engine.config import CONFIG_FILE
+from engine.core import Engine, Plan
+from engine.workspace import Workspace
+from evotui.tui.app import EvoApp
+from evotui.tui.widgets.curves import Curves, downsample
+from tests.engine_support import Served, populate
+
+
+def add_children(root: Path) -> None:
+    """v1 and v2 from v0, each one intervention; two more pending gates."""
+    with Engine.open(root) as engine:
+        for name, lr in (("v1", 4e-5), ("v2", 1e-5)):
+            iv = Intervention(kind="optimizer", changes={"recipe.learning_rate": lr}, hypothesis="h")
+            text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
+            change = {"recipe.learning_rate": {"from": 2e-5, "to": lr}}
+            engine.create_version(Plan("v0", name, {CONFIG_FILE: text}, "optimizer", iv.factor, change, "h", "c", "r"))
+        gates = Gates(engine.store)
+        gates.open(1, "after_completion", "v1", "Prune v1?", {"verdict": "insufficient", "decision": "pruned"}, False)
+        gates.open(1, "after_completion", "v2", "Prune v2?", {"verdict": "insufficient", "decision": "pruned"}, False)
+
+
+@pytest.fixture
+def served(tiny_workspace: Workspace) -> Iterator[Served]:
+    populate(tiny_workspace)
+    add_children(tiny_workspace.root)
+    s = Served(tiny_workspace.root).start()
+    yield s
+    s.stop()
+
+
+async def until(pilot, condition: Callable[[], bool], seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.05)
+
+
+def gate_states(served: Served) -> dict[str, tuple[str, str | None]]:
+    with served.client() as c:
+        return {g["id"]: (g["state"], g["feedback"]) for g in c.call("gates")}
+
+
+def test_tree_navigation_shows_the_selected_version(served: Served) -> None:
+    async def scenario() -> None:
+        app = EvoApp(served.root, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.workbench.selected == "v2" and app.workbench.versions != [])
+            info = app.workbench.query_one("#version-info")
+            await until(pilot, lambda: "1e-05" in str(info.render()))
+            app.workbench.query_one("#tree").focus()
+            await pilot.press("up")
+            await until(pilot, lambda: app.workbench.selected == "v1")
+            await until(pilot, lambda: "4e-05" in str(info.render()))
+            await pilot.press("up")
+            await until(pilot, lambda: app.workbench.selected == "v0")
+            # v0 has a train run: its curve is loaded from the engine.
+            await until(pilot, lambda: app.workbench.query_one(Curves).series.get("reward") == [(1, 0.75), (2, 0.0)])
+
+    asyncio.run(scenario())
+
+
+def test_the_curve_updates_when_a_metrics_event_arrives(served: Served) -> None:
+    async def scenario() -> None:
+        app = EvoApp(served.root, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.workbench.selected = "v0"
+            await until(pilot, lambda: app.client is not None)
+            app.workbench.load_version("v0")
+            curves = app.workbench.query_one(Curves)
+            await until(pilot, lambda: curves.run_id == "v0-train-1" and len(curves.series.get("reward", [])) == 2)
+            store = served.server.service.engine.store.cursor()
+            store.upsert_metrics("v0-train-1", [(3, "reward", 0.5), (4, "reward", 0.625)])
+            served.server.publish(
+                "run",
+                {
+                    "run_id": "v0-train-1",
+                    "version": "v0",
+                    "kind": "train",
+                    "state": "running",
+                    "step": 4,
+                    "total_steps": 10,
+                    "metrics": {},
+                    "error": None,
+                },
+            )
+            await until(pilot, lambda: curves.series["reward"][-2:] == [(3, 0.5), (4, 0.625)])
+            assert "step 4/10" in str(app.workbench.query_one("#activity").render())
+
+    asyncio.run(scenario())
+
+
+def test_gates_are_approved_revised_and_aborted_from_the_keyboard(served: Served) -> None:
+    async def scenario() -> None:
+        app = EvoApp(served.root, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            gates = app.workbench.query_one("#gates")
+            await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g1", "g2", "g3"])
+            await pilot.press("a")  # approve g1 ...
+            await pilot.press("n")  # ... no: nothing is sent
+            await pilot.pause(0.2)
+            assert gate_states(served)["g1"] == ("pending", None)
+            await pilot.press("a", "y")
+            await until(pilot, lambda: gate_states(served)["g1"] == ("approved", None))
+            await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g2", "g3"])
+            await pilot.press("e")
+            await pilot.press(*"more seeds", "enter")
+            await pilot.press("y")
+            await until(pilot, lambda: gate_states(served)["g2"] == ("revised", "more seeds"))
+            await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g3"])
+            await pilot.press("x", "y")
+            await until(pilot, lambda: gate_states(served)["g3"] == ("aborted", None))
+
+    asyncio.run(scenario())
+
+
+def test_the_app_reconnects_after_an_engine_restart_and_says_so(served: Served) -> None:
+    async def scenario() -> None:
+        app = EvoApp(served.root, start_engine=False, reconnect_delay=0.1)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.client is not None)
+            first_pid = app.hello["pid"]
+            await asyncio.to_thread(served.stop)
+            await until(pilot, lambda: app.client is None)
+            assert "reconnecting" in app.sub_title
+            again = await asyncio.to_thread(lambda: Served(served.root).start())
+            try:
+                await until(pilot, lambda: app.client is not None)
+                assert app.hello["pid"] == first_pid  # same process here; a new engine object
+                assert "engine pid" in app.sub_title
+                notices = [n.message for n in app._notifications]
+                assert any("reconnected to the engine" in m for m in notices)
+            finally:
+                await asyncio.to_thread(again.stop)
+
+    asyncio.run(scenario())
+
+
+def test_downsampling_keeps_the_width_and_the_mean() -> None:
+    points = [(s, float(s % 4)) for s in range(1, 1001)]
+    thin = downsample(points, 100)
+    assert len(thin) == 100
+    assert sum(v for _, v in thin) / 100 == pytest.approx(sum(v for _, v in points) / 1000)
+    assert downsample(points[:50], 100) == [(float(s), v) for s, v in points[:50]]
