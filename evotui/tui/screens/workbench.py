@@ -71,6 +71,7 @@ class WorkbenchScreen(Screen[None]):
 
     # -- from the app (attributes down) -------------------------------------------------------------
     def engine_ready(self) -> None:
+        self.query_one("#activity", Static).update("connected · s starts the coach · ? lists the keys")
         self.reload()
 
     def engine_event(self, event: str, data: dict[str, Any]) -> None:

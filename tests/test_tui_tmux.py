@@ -1,0 +1,64 @@
+"""The workbench in a real terminal (tmux): it starts the engine, a gate is approved with keys,
+the run starts, and closing the workbench leaves the engine training."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from engine.daemon import WorkspaceLock
+from engine.workspace import Workspace
+
+pytestmark = pytest.mark.slow
+
+
+def pane(session: str) -> str:
+    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
+
+
+def wait_for(session: str, text: str, seconds: float) -> str:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        screen = pane(session)
+        if text in screen:
+            return screen
+        time.sleep(0.5)
+    raise AssertionError(f"{text!r} never appeared; the screen was:\n{pane(session)}")
+
+
+def keys(session: str, *sent: str) -> None:
+    for key in sent:
+        subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
+        time.sleep(0.3)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/setup installs it)")
+def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspace) -> None:
+    session = f"evotui-test-{tiny_workspace.root.parent.name}"
+    evotui = Path(sys.executable).with_name("evotui")
+    command = f"cd {tiny_workspace.root} && TERM=xterm-256color {evotui} tui ."
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
+    try:
+        wait_for(session, "connected", 60)
+        keys(session, "s")
+        wait_for(session, "Start the coach", 10)
+        keys(session, "y")
+        # The coach builds v0 (warm-up), diagnoses it and stops at the design gate.
+        wait_for(session, "after_design", 240)
+        keys(session, "a")
+        wait_for(session, "Approve g1", 10)
+        keys(session, "y")
+        wait_for(session, "v1-train-1", 120)
+        keys(session, "q")
+        time.sleep(2)
+        # The workbench is closed; the engine it started goes on.
+        assert WorkspaceLock(tiny_workspace.root).held_by_other()
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run([str(evotui), "engine", str(tiny_workspace.root), "--stop"], capture_output=True, timeout=60)
+    assert not WorkspaceLock(tiny_workspace.root).held_by_other()
