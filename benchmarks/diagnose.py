@@ -75,7 +75,7 @@ def build_store(path: Path, n: int, seed: int = 0) -> Store:
     num_turns = pa.array([len(t) for t in pool], pa.int32()).take(pick)
     keys = pa.array([["correctness", "format", "closeness"]] * n, pa.list_(pa.string()))
     values = pa.array(np.stack([correct, fmt, close], axis=1).tolist(), pa.list_(pa.float64()))
-    batch = pa.table(  # noqa: F841 - read by DuckDB below
+    batch = pa.table(
         {
             "run_id": pa.array([RUN] * n),
             "step": pa.array(step, pa.int32()),
@@ -102,7 +102,7 @@ def build_store(path: Path, n: int, seed: int = 0) -> Store:
     store.add_version("v0", None, "versions/v0", "a", state="promoted")
     store.add_version("v1", "v0", "versions/v1", "b", state="trained")
     store.add_run(RUN, "v1", "train", "/bench", {}, steps)
-    store.con.execute("INSERT INTO rollouts SELECT * FROM batch")
+    store.insert_rollouts("SELECT * FROM batch", batch=batch)
     metric_rows = [
         (s, key, float(v))
         for s in range(1, steps + 1)

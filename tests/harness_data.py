@@ -77,8 +77,8 @@ class RunBuilder:
             self.store.add_version("v0", None, "versions/v0", "a", state="promoted")
             self.store.add_version(self.version, "v0", f"versions/{self.version}", "b", state="trained")
         self.store.add_run(self.run_id, self.version, "train", "/nowhere", {}, steps)
-        batch = pa.Table.from_pylist(self.rows, schema=ROLLOUT_SCHEMA)  # noqa: F841 - read by DuckDB below
-        self.store.con.execute("INSERT INTO rollouts SELECT * FROM batch")
+        batch = pa.Table.from_pylist(self.rows, schema=ROLLOUT_SCHEMA)
+        self.store.insert_rollouts("SELECT * FROM batch", batch=batch)
         if self.metric_rows:
             self.store.upsert_metrics(self.run_id, self.metric_rows)
 

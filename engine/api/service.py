@@ -33,7 +33,7 @@ from engine.coach.gates import Answer, Gate, GateError, Gates
 from engine.coach.loop import Coach, CoachEvent
 from engine.core import Engine, RunUpdate
 from engine.store import Store
-from engine.versions import VersionTree
+from engine.versions import VersionTree, VersionTreeError
 
 Publish = Callable[[str, dict[str, Any]], None]
 
@@ -177,7 +177,10 @@ class Service:
     def do_version(self, p: VersionParams) -> dict[str, Any]:
         out = queries.version(self.store, p.version)
         if out["parent"]:
-            out["diff_files"] = VersionTree(self.root).changed_files(out["parent"], p.version)
+            try:
+                out["diff_files"] = VersionTree(self.root).changed_files(out["parent"], p.version)
+            except VersionTreeError:  # a store without its version branches (restored, or built by hand)
+                out["diff_files"] = []
         return out
 
     def do_diagnosis(self, p: VersionParams) -> dict[str, Any] | None:

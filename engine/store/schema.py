@@ -218,6 +218,18 @@ MIGRATIONS: list[str] = [
         created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
     );
     """,
+    # 4: each rollout carries its group's reward spread, so "dead group" is a plain predicate
+    # (the rollout browser filters millions of rows by it); filled at ingest, backfilled here.
+    """
+    ALTER TABLE rollouts ADD COLUMN group_std DOUBLE;
+    UPDATE rollouts SET group_std = g.spread
+    FROM (
+        SELECT run_id, split, decoding, step, group_id, stddev_pop(reward) AS spread
+        FROM rollouts GROUP BY ALL
+    ) g
+    WHERE rollouts.run_id = g.run_id AND rollouts.split = g.split AND rollouts.decoding = g.decoding
+      AND rollouts.step = g.step AND rollouts.group_id = g.group_id;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

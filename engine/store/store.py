@@ -67,8 +67,8 @@ class Store:
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 raise StoreLockedError(
-                    f"{path} is in use by another evotui process (an engine or a run in progress). "
-                    "Wait for it to finish, or talk to it instead of opening the file."
+                    f"{path} is in use by another evotui process (the workspace's engine, or a `run`). "
+                    "Talk to it (`evotui status`, `evotui tui`), or stop it first (`evotui engine DIR --stop`)."
                 ) from None
             raise
         self.migrate()
@@ -248,9 +248,27 @@ class Store:
     def metric_series(self, run_id: str, key: str) -> list[tuple[int, float]]:
         return self.query("SELECT step, value FROM metrics WHERE run_id = ? AND key = ? ORDER BY step", [run_id, key])
 
+    def insert_rollouts(self, source: str, params: Any = None, batch: pa.Table | None = None) -> tuple[Any, ...] | None:
+        """Insert the rows of `source` (a SELECT with the rollout columns; every group whole) with
+        each group's reward spread, in key order. `source` may read an Arrow table
+        passed as `batch` (by that name)."""
+        assert batch is None or "batch" in source
+        # Executed here, not through query(): DuckDB finds `batch` among this frame's locals.
+        rows = self.con.execute(
+            # Plain INSERT: OR IGNORE would scramble the insertion order (DuckDB 2.0), and a file is
+            # ingested once anyway (ingested_files, in the same transaction).
+            f"""INSERT INTO rollouts BY NAME
+                SELECT *, stddev_pop(reward) OVER (PARTITION BY run_id, split, decoding, step, group_id) AS group_std
+                FROM ({source})
+                -- the window reorders rows; insertion order is the order the rollout browser pages in
+                ORDER BY run_id, split, decoding, step, group_id, sample_idx""",
+            params,
+        ).fetchall()
+        return rows[0] if rows else None
+
     def ingest_rollout_files(self, run_id: str, files: Sequence[tuple[Path, str, int]]) -> int:
         """Append Parquet batches of rollouts (path, name relative to the run dir, rows) in one
-        statement; a file ingested before is skipped and a repeated row ignored (idempotent).
+        statement; a file ingested before is skipped (idempotent).
         Returns the rows added."""
         if not files:
             return 0
@@ -264,10 +282,9 @@ class Store:
         new = [f for f in files if f[1] not in done]
         if not new:
             return 0
-        row = self.query_one(
-            "INSERT OR IGNORE INTO rollouts BY NAME SELECT * REPLACE (CAST(? AS VARCHAR) AS run_id) "
-            "FROM read_parquet(?)",
-            [run_id, [str(path) for path, _, _ in new]],
+        row = self.insert_rollouts(
+            "SELECT * REPLACE (CAST($run AS VARCHAR) AS run_id) FROM read_parquet($files)",
+            {"run": run_id, "files": [str(path) for path, _, _ in new]},
         )
         self.con.executemany(
             "INSERT INTO ingested_files VALUES (?, ?, ?)", [[run_id, name, rows] for _, name, rows in new]
