@@ -34,11 +34,11 @@ def settled(app: EvoApp, *keys: str):  # type: ignore[no-untyped-def]
         app.workbench.selected = "v0"
         app.workbench.load_version("v0")
         await until(pilot, lambda: len(app.workbench.query_one(Curves).series.get("reward", [])) == 2)
+        app.clear_notifications()  # "connected to the engine (pid N)" differs from run to run
+        app.sub_title = "tiny-math · engine"
+        await pilot.pause(0.2)
         await pilot.press(*keys)
         await pilot.pause(0.3)
-        app.clear_notifications()
-        app.sub_title = "tiny-math · engine"
-        await pilot.pause(0.1)
 
     return run_before
 

@@ -98,7 +98,7 @@ def test_the_curve_updates_when_a_metrics_event_arrives(served: Served) -> None:
                 },
             )
             await until(pilot, lambda: curves.series["reward"][-2:] == [(3, 0.5), (4, 0.625)])
-            assert "step 4/10" in str(app.workbench.query_one("#activity").render())
+            await until(pilot, lambda: "step 4/10" in str(app.workbench.query_one("#activity").render()))
 
     asyncio.run(scenario())
 

@@ -28,7 +28,7 @@ class HelpScreen(ModalScreen[None]):
             if source is None:
                 continue
             for binding in source.BINDINGS:
-                if isinstance(binding, Binding) and binding.show is not False:
+                if isinstance(binding, Binding):  # hidden ones too: help lists every key
                     row = (binding.key, binding.description)
                     if row not in seen:
                         seen.add(row)

@@ -12,6 +12,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
+from textual.worker import Worker
 
 from evotui.tui.messages import GateAction, VersionSelected
 from evotui.tui.screens.confirm import ConfirmScreen, FeedbackScreen
@@ -45,6 +46,7 @@ class WorkbenchScreen(Screen[None]):
         self.run_id: str | None = None
         self.curves_dirty = False
         self.versions: list[dict[str, Any]] = []
+        self.activity: str | None = None
 
     @property
     def evo(self) -> EvoApp:
@@ -95,7 +97,8 @@ class WorkbenchScreen(Screen[None]):
                 self.load_run(self.run_id)
             self.curves_dirty = True
         step, total = data.get("step", 0), data.get("total_steps") or "?"
-        self.query_one("#activity", Static).update(f"{data['run_id']} {data['state']} step {step}/{total}")
+        # Shown at the next tick with the new points: a stream of events costs one repaint a tick.
+        self.activity = f"{data['run_id']} {data['state']} step {step}/{total}"
 
     def reload(self) -> None:
         self.load_versions()
@@ -142,9 +145,16 @@ class WorkbenchScreen(Screen[None]):
         self.query_one(GatesView).show(await self.evo.call("gates"))
 
     def _flush_curves(self) -> None:
+        if self.activity is not None:
+            self.query_one("#activity", Static).update(self.activity)
+            self.activity = None
         if self.curves_dirty and self.evo.client is not None:
             self.curves_dirty = False
             self.fetch_new_points()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        # Worker.StateChanged does not bubble: hand it to the app's one handler (the notice).
+        self.evo.on_worker_state_changed(event)
 
     # -- from the widgets (messages up) -------------------------------------------------------------
     def on_version_selected(self, message: VersionSelected) -> None:
