@@ -152,8 +152,12 @@ def test_subscribers_receive_events_and_a_stuck_client_does_not_block_them(serve
         stuck.sendall(json.dumps({"v": PROTOCOL_VERSION, "id": 1, "method": "subscribe"}).encode() + b"\n")
         await asyncio.sleep(0.2)
         server = served.server
+        # 2,000 events in bursts of 200 (a run publishes about one a second): the reading client gets
+        # every one while a subscriber that never reads is connected.
         for step in range(1, 2001):
             server.publish("run", {"run_id": "v1-train-1", "step": step})
+            if step % 200 == 0:
+                await asyncio.sleep(0.05)
         for _ in range(100):
             if len(got) >= 2000:
                 break
