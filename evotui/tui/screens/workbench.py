@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from evotui.tui.app import EvoApp
 
 #: How often new metrics are fetched while a run streams (events in between only mark it dirty).
-CURVE_REFRESH_SECONDS = 0.5
+CURVE_REFRESH_SECONDS = 1.0
 
 
 class WorkbenchScreen(Screen[None]):
