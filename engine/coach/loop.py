@@ -104,6 +104,8 @@ class Coach:
         self.skills = SkillLibrary(root)
         self.literature = Literature(root)
         self._diagnoses: dict[str, Diagnosis] = {}
+        #: What the last planning context looked up (recorded with the proposals made from it).
+        self._retrievals: tuple[Any, ...] = (None, "", [], [], [], "none", [])
         previous = engine.on_diagnosis
 
         def capture(d: Diagnosis) -> None:
