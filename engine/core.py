@@ -102,6 +102,16 @@ class Engine:
         self.stop_requested = threading.Event()
         self.recover()
 
+    def view(self, store: Store) -> Engine:
+        """This engine reading (and diagnosing) through `store`, another connection of the same
+        database, for another thread of the engine process; it never launches runs."""
+        other = object.__new__(Engine)
+        other.__dict__.update(self.__dict__)
+        other.store = store
+        other.tree = VersionTree(self.workspace.root)  # a repository object of its own thread
+        other.on_diagnosis = None
+        return other
+
     @classmethod
     def open(cls, root: Path | str, **kw: Any) -> Engine:
         return cls(Workspace.open(root), **kw)

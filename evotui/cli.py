@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -27,7 +28,7 @@ from engine.coach.loop import Coach, CoachEvent
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.daemon import EngineRunningError, serve, socket_path, spawn
-from engine.harness.diagnose import Diagnosis
+from engine.harness.diagnose import Diagnosis, headline
 from engine.store import StoreLockedError
 from engine.versions import VersionTreeError
 from engine.workspace import TEMPLATES, Workspace, WorkspaceError, init_workspace
@@ -545,15 +546,15 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for programs i
 def diagnose_cmd(workspace: WorkspaceArg, version: VersionArg, as_json: JsonOpt = False) -> None:
     """Diagnose a version's latest run again with the workspace's current harness."""
     try:
-        with Engine.open(workspace) as engine:
-            diagnosis = engine.diagnose_version(version)
-    except (*USER_ERRORS, ValueError) as exc:
+        with open_access(workspace) as access:
+            diagnosis = access.call("diagnose", version=version)
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
-        _print_json(diagnosis.to_dict())
+        _print_json(diagnosis)
         return
-    console.print(f"[bold]{diagnosis.run_id}[/] · harness {diagnosis.harness_revision}", highlight=False)
-    for line in diagnosis.headline(limit=50):
+    console.print(f"[bold]{diagnosis['run_id']}[/] · harness {diagnosis['harness_revision']}", highlight=False)
+    for line in headline(diagnosis, limit=50):
         console.print(f"  {line}", highlight=False)
 
 
@@ -565,12 +566,12 @@ def report(
     as_json: JsonOpt = False,
 ) -> None:
     """The health report of a version: diagnosis, trends, reward flow, rollouts to read."""
-    from engine.harness.report import build_report, render_markdown
+    from engine.harness.report import render_markdown
 
     try:
-        with Engine.open(workspace) as engine:
-            data = build_report(engine.store, version, engine.diagnose_version(version), against)
-    except (*USER_ERRORS, ValueError) as exc:
+        with open_access(workspace) as access:
+            data = access.call("report", version=version, against=against)
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
         _print_json(data)
@@ -602,23 +603,16 @@ def backtest_reward(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-score a version's train rollouts under another reward composition."""
-    from dataclasses import asdict
-
-    from engine.domains import make_domain
-    from engine.harness.backtest import reward_backtest, store_backtest
-
     parsed = _weights(weights)
     try:
-        with Engine.open(workspace) as engine:
-            run = engine.latest_run(version)
-            domain = make_domain(engine.version_config(version).domain)
-            result = reward_backtest(engine.store, run.id, parsed, domain)
-            backtest_id = store_backtest(engine.store, "reward", run.id, {"weights": parsed}, result)
-    except (*USER_ERRORS, ValueError) as exc:
+        with open_access(workspace) as access:
+            out = access.call("backtest", kind="reward", version=version, weights=parsed)
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
-        _print_json({"id": backtest_id, **asdict(result)})
+        _print_json(out)
         return
+    backtest_id, result = out["id"], SimpleNamespace(**out)
     console.print(f"reward backtest {backtest_id} on {result.run_id}: {parsed}", highlight=False)
     console.print(f"  dead groups {result.dead_before:.1%} -> {result.dead_after:.1%} of {result.groups}")
     console.print(f"  dead groups that regain variance: {result.revived:.1%}")
@@ -639,21 +633,16 @@ def backtest_filter(
     as_json: JsonOpt = False,
 ) -> None:
     """Which groups a dead-group-aware filter would keep on a version's train rollouts."""
-    from dataclasses import asdict
-
-    from engine.harness.backtest import filter_backtest, store_backtest
 
     try:
-        with Engine.open(workspace) as engine:
-            run = engine.latest_run(version)
-            result = filter_backtest(engine.store, run.id, std, keep_ratio, ema)
-            params = {"std": std, "keep_ratio": keep_ratio, "ema": ema}
-            backtest_id = store_backtest(engine.store, "filter", run.id, params, result)
-    except (*USER_ERRORS, ValueError) as exc:
+        with open_access(workspace) as access:
+            out = access.call("backtest", kind="filter", version=version, std=std, keep_ratio=keep_ratio, ema=ema)
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
-        _print_json({"id": backtest_id, **asdict(result)})
+        _print_json(out)
         return
+    backtest_id, result = out["id"], SimpleNamespace(**out)
     console.print(f"filter backtest {backtest_id} on {result.run_id}: std > {std}", highlight=False)
     console.print(f"  keeps {result.kept:.1%} of groups; dead among kept {result.dead_after:.1%}")
     console.print(f"  (dead before filtering {result.dead_before:.1%})")
@@ -666,27 +655,16 @@ def backtest_analyzer(
     as_json: JsonOpt = False,
 ) -> None:
     """Replay the harness over every judged version: does METRIC separate improved from regressed?"""
-    from dataclasses import asdict
-
-    from engine.harness.backtest import store_backtest, validate_analyzer
 
     try:
-        with Engine.open(workspace) as engine:
-
-            def value_of(version: str) -> float | None:
-                try:
-                    found = [f for f in engine.diagnose_version(version).findings if f.metric == metric]
-                except ValueError:
-                    return None
-                return found[0].value if found else None
-
-            result = validate_analyzer(engine.store, metric, value_of)
-            backtest_id = store_backtest(engine.store, "analyzer", None, {"metric": metric}, result)
-    except USER_ERRORS as exc:
+        with open_access(workspace) as access:
+            out = access.call("backtest", kind="analyzer", metric=metric)
+    except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
-        _print_json({"id": backtest_id, **asdict(result), "separates": result.separates})
+        _print_json(out)
         return
+    backtest_id, result = out["id"], SimpleNamespace(**out)
     console.print(f"analyzer validation {backtest_id}: {metric}", highlight=False)
     console.print(f"  improved: {result.improved or '—'}")
     console.print(f"  regressed: {result.regressed or '—'}")

@@ -77,4 +77,5 @@ def populate(ws: Workspace) -> None:
         builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
         builder.step(1, [[Rollout(0.0), Rollout(1.0)], [Rollout(1.0), Rollout(1.0)]])
         builder.step(2, [[Rollout(0.0, truncated=True), Rollout(0.0)]]).metric("reward", [0.75, 0.0]).save(2)
+        engine.store.update_run("v0-train-1", state="succeeded", ended_at="2026-01-01 00:00:00")
         Gates(engine.store).open(1, "after_design", "round1-design0", "Run 2 branch(es)?", {"proposals": []}, False)

@@ -218,6 +218,19 @@ def test_the_cli_goes_through_a_running_engine(workspace: Workspace) -> None:
         assert "g1 after_design round1-design0: revised" in listed and "feedback: smaller steps" in listed
         tree = runner.invoke(app, ["versions", ws])
         assert tree.exit_code == 0 and "v0 promoted" in tree.output
+        # The harness, the report and a backtest run inside the engine (it holds the store).
+        report = runner.invoke(app, ["report", ws, "v0", "--json"])
+        assert report.exit_code == 0, report.output
+        dead = [
+            f for f in json.loads(report.output)["diagnosis"]["findings"] if f["metric"] == "signal.dead_group_ratio"
+        ]
+        assert dead[0]["value"] == 2 / 3  # of the 3 groups, 2 have no reward spread
+        diagnosed = runner.invoke(app, ["diagnose", ws, "v0"])
+        assert diagnosed.exit_code == 0 and "v0-train-1" in diagnosed.output
+        bt = runner.invoke(app, ["backtest", "filter", ws, "v0", "--std", "0.001", "--json"])
+        assert bt.exit_code == 0 and json.loads(bt.output)["kept"] == 1 / 3
+        bad = runner.invoke(app, ["backtest", "reward", ws, "v0", "--weights", "nope=1"])
+        assert bad.exit_code == 1 and "unknown reward component(s) ['nope']" in bad.output
         started = runner.invoke(app, ["engine", ws])
         assert "already serves" in started.output
     finally:

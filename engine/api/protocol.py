@@ -126,6 +126,21 @@ class StartParams(_Strict):
     harness: Literal["full", "score-only"] | None = None
 
 
+class ReportParams(_Strict):
+    version: str
+    against: str | None = None
+
+
+class BacktestParams(_Strict):
+    kind: Literal["reward", "filter", "analyzer"]
+    version: str | None = Field(None, description="reward, filter: whose latest run")
+    weights: dict[str, float] = Field(default_factory=dict, description="reward: the candidate composition")
+    std: float = 0.05
+    keep_ratio: float | None = None
+    ema: float | None = None
+    metric: str | None = Field(None, description="analyzer: the finding's metric")
+
+
 class DiffParams(_Strict):
     a: str
     b: str
@@ -138,6 +153,9 @@ METHODS: dict[str, type[BaseModel]] = {
     "list_versions": NoParams,
     "version": VersionParams,
     "diagnosis": VersionParams,
+    "diagnose": VersionParams,
+    "report": ReportParams,
+    "backtest": BacktestParams,
     "list_runs": NoParams,
     "metrics": MetricsParams,
     "page_rollouts": PageParams,

@@ -21,10 +21,12 @@ from engine.api import queries
 from engine.api.protocol import (
     PROTOCOL_VERSION,
     AnswerParams,
+    BacktestParams,
     DiffParams,
     MetricsParams,
     PageParams,
     ProtocolError,
+    ReportParams,
     RolloutParams,
     StartParams,
     VersionParams,
@@ -32,6 +34,9 @@ from engine.api.protocol import (
 from engine.coach.gates import Answer, Gate, GateError, Gates
 from engine.coach.loop import Coach, CoachEvent
 from engine.core import Engine, RunUpdate
+from engine.domains import make_domain
+from engine.harness.backtest import filter_backtest, reward_backtest, store_backtest, validate_analyzer
+from engine.harness.report import build_report
 from engine.store import Store
 from engine.versions import VersionTree, VersionTreeError
 
@@ -185,6 +190,56 @@ class Service:
 
     def do_diagnosis(self, p: VersionParams) -> dict[str, Any] | None:
         return queries.diagnosis(self.store, p.version)
+
+    def _view(self) -> Engine:
+        return self.engine.view(self.store)
+
+    def do_diagnose(self, p: VersionParams) -> dict[str, Any]:
+        """The harness again over a version's latest run (the workspace's harness as it is now)."""
+        try:
+            return self._view().diagnose_version(p.version).to_dict()
+        except ValueError as exc:
+            raise ProtocolError("not_found", str(exc)) from None
+
+    def do_report(self, p: ReportParams) -> dict[str, Any]:
+        view = self._view()
+        try:
+            return build_report(self.store, p.version, view.diagnose_version(p.version), p.against)
+        except ValueError as exc:
+            raise ProtocolError("not_found", str(exc)) from None
+
+    def do_backtest(self, p: BacktestParams) -> dict[str, Any]:
+        view = self._view()
+        try:
+            if p.kind == "analyzer":
+                if not p.metric:
+                    raise ProtocolError("bad_request", "an analyzer backtest needs `metric`")
+                metric = p.metric
+
+                def value_of(version: str) -> float | None:
+                    try:
+                        found = [f for f in view.diagnose_version(version).findings if f.metric == metric]
+                    except ValueError:
+                        return None
+                    return found[0].value if found else None
+
+                validation = validate_analyzer(self.store, metric, value_of)
+                backtest_id = store_backtest(self.store, "analyzer", None, {"metric": metric}, validation)
+                return {"id": backtest_id, **asdict(validation), "separates": validation.separates}
+            if not p.version:
+                raise ProtocolError("bad_request", f"a {p.kind} backtest needs `version`")
+            run = view.latest_run(p.version)
+            result: Any
+            if p.kind == "reward":
+                domain = make_domain(view.version_config(p.version).domain)
+                result = reward_backtest(self.store, run.id, p.weights, domain)
+                params: dict[str, Any] = {"weights": p.weights}
+            else:
+                result = filter_backtest(self.store, run.id, p.std, p.keep_ratio, p.ema)
+                params = {"std": p.std, "keep_ratio": p.keep_ratio, "ema": p.ema}
+            return {"id": store_backtest(self.store, p.kind, run.id, params, result), **asdict(result)}
+        except ValueError as exc:  # no such version or run, or a reward component the domain lacks
+            raise ProtocolError("bad_request", str(exc)) from None
 
     def do_list_runs(self, _: BaseModel) -> list[dict[str, Any]]:
         return queries.runs(self.store)

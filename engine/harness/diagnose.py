@@ -34,18 +34,7 @@ class Diagnosis:
         return list(seen)
 
     def headline(self, limit: int = 5) -> list[str]:
-        """The lines a person reads first: the bottleneck, the other rules, the worst findings."""
-        lines = []
-        if self.bottleneck is not None:
-            lines.append(
-                f"bottleneck: {self.bottleneck.rule} ({self.bottleneck.severity}): {self.bottleneck.explanation}"
-            )
-        lines += [f"rule {r.rule} ({r.severity}): {r.explanation}" for r in self.fired[1:]]
-        worst = sorted((f for f in self.findings if f.severity != "info"), key=lambda f: -SEVERITY_RANK[f.severity])
-        lines += [f"{f.severity}: {f.metric}: {f.explanation}" for f in worst]
-        if not lines:
-            lines.append("no rule fired and no finding above info")
-        return lines[:limit]
+        return headline(self.to_dict(), limit)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -58,6 +47,19 @@ class Diagnosis:
             "candidate_kinds": self.candidate_kinds,
             "findings": [f.to_dict() for f in self.findings],
         }
+
+
+def headline(d: dict[str, Any], limit: int = 5) -> list[str]:
+    """The lines a person reads first (of a diagnosis as `to_dict` gives it, here or from the
+    engine's socket): the bottleneck, the other rules, the worst findings."""
+    rules = d.get("rules", [])
+    lines = [f"bottleneck: {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules[:1]]
+    lines += [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules[1:]]
+    worst = sorted(
+        (f for f in d.get("findings", []) if f["severity"] != "info"), key=lambda f: -SEVERITY_RANK[f["severity"]]
+    )
+    lines += [f"{f['severity']}: {f['metric']}: {f['explanation']}" for f in worst]
+    return (lines or ["no rule fired and no finding above info"])[:limit]
 
 
 def diagnose(
