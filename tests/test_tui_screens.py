@@ -27,7 +27,15 @@ from engine.workspace import Workspace
 from evotui.tui.app import EvoApp
 from evotui.tui.screens.diff import DiffScreen, diff_summary
 from evotui.tui.screens.memory import MemoryScreen
-from evotui.tui.screens.rollouts import PAGE_SIZE, FilterError, RolloutsScreen, build_filter, parse_range, rows_label
+from evotui.tui.screens.rollouts import (
+    DETAIL_DELAY_SECONDS,
+    PAGE_SIZE,
+    FilterError,
+    RolloutsScreen,
+    build_filter,
+    parse_range,
+    rows_label,
+)
 from evotui.tui.widgets.rollout_detail import RolloutDetail, render_rollout
 from tests.engine_support import Served, populate
 from tests.harness_data import Rollout, RunBuilder, call
@@ -130,6 +138,7 @@ async def settle(pilot: Pilot[None], timeout: float = 20.0) -> None:
     starts the detail's worker, so quiet must last a few rounds). The app's engine worker never ends,
     so `app.workers.wait_for_complete()` would wait forever."""
     deadline = time.monotonic() + timeout
+    await pilot.pause(DETAIL_DELAY_SECONDS + 0.05)  # a detail loads once the cursor has rested
     quiet = 0
     while quiet < 3:
         assert time.monotonic() < deadline, "the screen's workers did not finish"

@@ -155,3 +155,36 @@ def test_downsampling_keeps_the_width_and_the_mean() -> None:
     assert len(thin) == 100
     assert sum(v for _, v in thin) / 100 == pytest.approx(sum(v for _, v in points) / 1000)
     assert downsample(points[:50], 100) == [(float(s), v) for s, v in points[:50]]
+
+
+def test_the_workbench_follows_the_run_in_progress_until_a_version_is_picked(served: Served) -> None:
+    def progress(run_id: str, version: str, step: int) -> None:
+        served.server.publish(
+            "run",
+            {
+                "run_id": run_id,
+                "version": version,
+                "kind": "train",
+                "state": "running",
+                "step": step,
+                "total_steps": 10,
+                "metrics": {},
+                "error": None,
+            },
+        )
+
+    async def scenario() -> None:
+        app = EvoApp(served.root, start_engine=False)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.workbench.selected == "v2")
+            progress("v0-train-1", "v0", 3)  # a run of v0 moves: the workbench goes to it
+            curves = app.workbench.query_one(Curves)
+            await until(pilot, lambda: app.workbench.selected == "v0" and curves.run_id == "v0-train-1")
+            app.workbench.query_one("#tree").focus()
+            await pilot.press("down")  # a person picks v1 ...
+            await until(pilot, lambda: app.workbench.selected == "v1")
+            progress("v0-train-1", "v0", 4)  # ... and stays there while v0's run goes on
+            await pilot.pause(0.5)
+            assert app.workbench.selected == "v1" and not app.workbench.following
+
+    asyncio.run(scenario())

@@ -47,6 +47,8 @@ class WorkbenchScreen(Screen[None]):
         self.curves_dirty = False
         self.versions: list[dict[str, Any]] = []
         self.activity: str | None = None
+        #: Follow the run in progress until a person selects a version in the tree.
+        self.following = True
 
     @property
     def evo(self) -> EvoApp:
@@ -81,6 +83,8 @@ class WorkbenchScreen(Screen[None]):
             self.query_one("#activity", Static).update(Text(data.get("message", ""), overflow="ellipsis"))
             if data.get("kind") in ("decision", "verdict", "round", "proposal", "waiting"):
                 self.load_versions()
+            # The coach records a gate's answer after taking it: what it says next is after that.
+            self.refresh_gates()
         elif event == "gate":
             self.app.bell()
             self.refresh_gates()
@@ -88,9 +92,13 @@ class WorkbenchScreen(Screen[None]):
             self.reload()
 
     def run_progress(self, data: dict[str, Any]) -> None:
-        """A run moved: if it is the one shown, fetch its new points at the next refresh tick."""
+        """A run moved: if it is the one shown, fetch its new points at the next refresh tick.
+        Until a person picks a version in the tree, the workbench follows the run in progress."""
         if data.get("version") not in {v["name"] for v in self.versions}:
             self.load_versions()
+        if self.following and data.get("version") and data["version"] != self.selected:
+            self.selected = data["version"]
+            self.load_versions()  # the tree's cursor moves to it, and its detail and curve load
         if self.run_id is None or data["run_id"] == self.run_id or data.get("version") == self.selected:
             if data["run_id"] != self.run_id and data.get("version") == self.selected:
                 self.run_id = data["run_id"]
@@ -158,6 +166,7 @@ class WorkbenchScreen(Screen[None]):
 
     # -- from the widgets (messages up) -------------------------------------------------------------
     def on_version_selected(self, message: VersionSelected) -> None:
+        self.following = False  # a person chose: stay on their version
         if message.version != self.selected:
             self.selected = message.version
             self.load_version(message.version)
