@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import git
@@ -8,6 +9,7 @@ import pytest
 
 from engine.versions import ACTOR
 from engine.workspace import Workspace, init_workspace, template_dir
+from tests.engine_support import Served, add_children, populate
 
 
 def tiny_toml(text: str, **overrides: int | float) -> str:
@@ -63,3 +65,13 @@ def commit_workspace_toml(ws: Workspace, message: str) -> None:
     repo = git.Repo(ws.root)
     repo.index.add(["workspace.toml"])
     repo.index.commit(message, author=ACTOR, committer=ACTOR)
+
+
+@pytest.fixture
+def versions_served(tiny_workspace: Workspace) -> Iterator[Served]:
+    """An engine serving v0 (a small train run), v1 and v2 (one intervention each) and 3 pending gates."""
+    populate(tiny_workspace)
+    add_children(tiny_workspace.root)
+    s = Served(tiny_workspace.root).start()
+    yield s
+    s.stop()

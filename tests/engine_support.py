@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from pathlib import Path
+
+from textual.pilot import Pilot
 
 from engine.api.client import EngineClient
 from engine.api.server import EngineServer
 from engine.coach.gates import Gates
-from engine.core import Engine
+from engine.coach.interventions import Intervention, apply
+from engine.config import CONFIG_FILE
+from engine.core import Engine, Plan
 from engine.daemon import serve, socket_path
 from engine.workspace import Workspace
 from tests.harness_data import Rollout, RunBuilder
@@ -79,3 +84,24 @@ def populate(ws: Workspace) -> None:
         builder.step(2, [[Rollout(0.0, truncated=True), Rollout(0.0)]]).metric("reward", [0.75, 0.0]).save(2)
         engine.store.update_run("v0-train-1", state="succeeded", ended_at="2026-01-01 00:00:00")
         Gates(engine.store).open(1, "after_design", "round1-design0", "Run 2 branch(es)?", {"proposals": []}, False)
+
+
+def add_children(root: Path) -> None:
+    """v1 and v2 from v0, each one intervention; two more pending gates."""
+    with Engine.open(root) as engine:
+        for name, lr in (("v1", 4e-5), ("v2", 1e-5)):
+            iv = Intervention(kind="optimizer", changes={"recipe.learning_rate": lr}, hypothesis="h")
+            text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
+            change = {"recipe.learning_rate": {"from": 2e-5, "to": lr}}
+            engine.create_version(Plan("v0", name, {CONFIG_FILE: text}, "optimizer", iv.factor, change, "h", "c", "r"))
+        gates = Gates(engine.store)
+        gates.open(1, "after_completion", "v1", "Prune v1?", {"verdict": "insufficient", "decision": "pruned"}, False)
+        gates.open(1, "after_completion", "v2", "Prune v2?", {"verdict": "insufficient", "decision": "pruned"}, False)
+
+
+async def until(pilot: Pilot[None], condition: Callable[[], bool], seconds: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await pilot.pause(0.05)

@@ -5,24 +5,11 @@ then look at the SVGs under `tests/__snapshots__/`."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
-from engine.workspace import Workspace
 from evotui.tui.app import EvoApp
 from evotui.tui.widgets.curves import Curves
-from tests.engine_support import Served, populate
-from tests.test_tui_workbench import add_children, until
-
-
-@pytest.fixture
-def served(tiny_workspace: Workspace) -> Iterator[Served]:
-    populate(tiny_workspace)
-    add_children(tiny_workspace.root)
-    s = Served(tiny_workspace.root).start()
-    yield s
-    s.stop()
+from tests.engine_support import Served, until
 
 
 def settled(app: EvoApp, *keys: str):  # type: ignore[no-untyped-def]
@@ -44,16 +31,16 @@ def settled(app: EvoApp, *keys: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("size", [(80, 24), (160, 48)])
-def test_workbench(served: Served, snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
-    app = EvoApp(served.root, start_engine=False)
+def test_workbench(versions_served: Served, snap_compare, size: tuple[int, int]) -> None:  # type: ignore[no-untyped-def]
+    app = EvoApp(versions_served.root, start_engine=False)
     assert snap_compare(app, terminal_size=size, run_before=settled(app))
 
 
-def test_workbench_confirming_an_approval(served: Served, snap_compare) -> None:  # type: ignore[no-untyped-def]
-    app = EvoApp(served.root, start_engine=False)
+def test_workbench_confirming_an_approval(versions_served: Served, snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = EvoApp(versions_served.root, start_engine=False)
     assert snap_compare(app, terminal_size=(80, 24), run_before=settled(app, "a"))
 
 
-def test_help(served: Served, snap_compare) -> None:  # type: ignore[no-untyped-def]
-    app = EvoApp(served.root, start_engine=False)
+def test_help(versions_served: Served, snap_compare) -> None:  # type: ignore[no-untyped-def]
+    app = EvoApp(versions_served.root, start_engine=False)
     assert snap_compare(app, terminal_size=(80, 24), run_before=settled(app, "question_mark"))

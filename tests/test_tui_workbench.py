@@ -4,59 +4,22 @@ from the keyboard, and reconnecting after an engine restart."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
-from engine.coach.gates import Gates
-from engine.coach.interventions import Intervention, apply
-from engine.config import CONFIG_FILE
-from engine.core import Engine, Plan
-from engine.workspace import Workspace
 from evotui.tui.app import EvoApp
 from evotui.tui.widgets.curves import Curves, downsample
-from tests.engine_support import Served, populate
+from tests.engine_support import Served, until
 
 
-def add_children(root: Path) -> None:
-    """v1 and v2 from v0, each one intervention; two more pending gates."""
-    with Engine.open(root) as engine:
-        for name, lr in (("v1", 4e-5), ("v2", 1e-5)):
-            iv = Intervention(kind="optimizer", changes={"recipe.learning_rate": lr}, hypothesis="h")
-            text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
-            change = {"recipe.learning_rate": {"from": 2e-5, "to": lr}}
-            engine.create_version(Plan("v0", name, {CONFIG_FILE: text}, "optimizer", iv.factor, change, "h", "c", "r"))
-        gates = Gates(engine.store)
-        gates.open(1, "after_completion", "v1", "Prune v1?", {"verdict": "insufficient", "decision": "pruned"}, False)
-        gates.open(1, "after_completion", "v2", "Prune v2?", {"verdict": "insufficient", "decision": "pruned"}, False)
-
-
-@pytest.fixture
-def served(tiny_workspace: Workspace) -> Iterator[Served]:
-    populate(tiny_workspace)
-    add_children(tiny_workspace.root)
-    s = Served(tiny_workspace.root).start()
-    yield s
-    s.stop()
-
-
-async def until(pilot, condition: Callable[[], bool], seconds: float = 10.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await pilot.pause(0.05)
-
-
-def gate_states(served: Served) -> dict[str, tuple[str, str | None]]:
-    with served.client() as c:
+def gate_states(versions_served: Served) -> dict[str, tuple[str, str | None]]:
+    with versions_served.client() as c:
         return {g["id"]: (g["state"], g["feedback"]) for g in c.call("gates")}
 
 
-def test_tree_navigation_shows_the_selected_version(served: Served) -> None:
+def test_tree_navigation_shows_the_selected_version(versions_served: Served) -> None:
     async def scenario() -> None:
-        app = EvoApp(served.root, start_engine=False)
+        app = EvoApp(versions_served.root, start_engine=False)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.workbench.selected == "v2" and app.workbench.versions != [])
             info = app.workbench.query_one("#version-info")
@@ -73,18 +36,18 @@ def test_tree_navigation_shows_the_selected_version(served: Served) -> None:
     asyncio.run(scenario())
 
 
-def test_the_curve_updates_when_a_metrics_event_arrives(served: Served) -> None:
+def test_the_curve_updates_when_a_metrics_event_arrives(versions_served: Served) -> None:
     async def scenario() -> None:
-        app = EvoApp(served.root, start_engine=False)
+        app = EvoApp(versions_served.root, start_engine=False)
         async with app.run_test(size=(80, 24)) as pilot:
             app.workbench.selected = "v0"
             await until(pilot, lambda: app.client is not None)
             app.workbench.load_version("v0")
             curves = app.workbench.query_one(Curves)
             await until(pilot, lambda: curves.run_id == "v0-train-1" and len(curves.series.get("reward", [])) == 2)
-            store = served.server.service.engine.store.cursor()
+            store = versions_served.server.service.engine.store.cursor()
             store.upsert_metrics("v0-train-1", [(3, "reward", 0.5), (4, "reward", 0.625)])
-            served.server.publish(
+            versions_served.server.publish(
                 "run",
                 {
                     "run_id": "v0-train-1",
@@ -103,40 +66,40 @@ def test_the_curve_updates_when_a_metrics_event_arrives(served: Served) -> None:
     asyncio.run(scenario())
 
 
-def test_gates_are_approved_revised_and_aborted_from_the_keyboard(served: Served) -> None:
+def test_gates_are_approved_revised_and_aborted_from_the_keyboard(versions_served: Served) -> None:
     async def scenario() -> None:
-        app = EvoApp(served.root, start_engine=False)
+        app = EvoApp(versions_served.root, start_engine=False)
         async with app.run_test(size=(80, 24)) as pilot:
             gates = app.workbench.query_one("#gates")
             await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g1", "g2", "g3"])
             await pilot.press("a")  # approve g1 ...
             await pilot.press("n")  # ... no: nothing is sent
             await pilot.pause(0.2)
-            assert gate_states(served)["g1"] == ("pending", None)
+            assert gate_states(versions_served)["g1"] == ("pending", None)
             await pilot.press("a", "y")
-            await until(pilot, lambda: gate_states(served)["g1"] == ("approved", None))
+            await until(pilot, lambda: gate_states(versions_served)["g1"] == ("approved", None))
             await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g2", "g3"])
             await pilot.press("e")
             await pilot.press(*"more seeds", "enter")
             await pilot.press("y")
-            await until(pilot, lambda: gate_states(served)["g2"] == ("revised", "more seeds"))
+            await until(pilot, lambda: gate_states(versions_served)["g2"] == ("revised", "more seeds"))
             await until(pilot, lambda: [g["id"] for g in gates.pending] == ["g3"])
             await pilot.press("x", "y")
-            await until(pilot, lambda: gate_states(served)["g3"] == ("aborted", None))
+            await until(pilot, lambda: gate_states(versions_served)["g3"] == ("aborted", None))
 
     asyncio.run(scenario())
 
 
-def test_the_app_reconnects_after_an_engine_restart_and_says_so(served: Served) -> None:
+def test_the_app_reconnects_after_an_engine_restart_and_says_so(versions_served: Served) -> None:
     async def scenario() -> None:
-        app = EvoApp(served.root, start_engine=False, reconnect_delay=0.1)
+        app = EvoApp(versions_served.root, start_engine=False, reconnect_delay=0.1)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.client is not None)
             first_pid = app.hello["pid"]
-            await asyncio.to_thread(served.stop)
+            await asyncio.to_thread(versions_served.stop)
             await until(pilot, lambda: app.client is None)
-            assert "reconnecting" in app.sub_title
-            again = await asyncio.to_thread(lambda: Served(served.root).start())
+            await until(pilot, lambda: "reconnecting" in app.sub_title)  # the notice is a message: handled next
+            again = await asyncio.to_thread(lambda: Served(versions_served.root).start())
             try:
                 await until(pilot, lambda: app.client is not None)
                 assert app.hello["pid"] == first_pid  # same process here; a new engine object
@@ -157,9 +120,9 @@ def test_downsampling_keeps_the_width_and_the_mean() -> None:
     assert downsample(points[:50], 100) == [(float(s), v) for s, v in points[:50]]
 
 
-def test_the_workbench_follows_the_run_in_progress_until_a_version_is_picked(served: Served) -> None:
+def test_the_workbench_follows_the_run_in_progress_until_a_version_is_picked(versions_served: Served) -> None:
     def progress(run_id: str, version: str, step: int) -> None:
-        served.server.publish(
+        versions_served.server.publish(
             "run",
             {
                 "run_id": run_id,
@@ -174,7 +137,7 @@ def test_the_workbench_follows_the_run_in_progress_until_a_version_is_picked(ser
         )
 
     async def scenario() -> None:
-        app = EvoApp(served.root, start_engine=False)
+        app = EvoApp(versions_served.root, start_engine=False)
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.workbench.selected == "v2")
             progress("v0-train-1", "v0", 3)  # a run of v0 moves: the workbench goes to it
