@@ -36,6 +36,7 @@ from evotui.tui.screens.rollouts import (
     parse_range,
     rows_label,
 )
+from evotui.tui.widgets.page_table import PageTable
 from evotui.tui.widgets.rollout_detail import RolloutDetail, render_rollout
 from tests.engine_support import Served, populate
 from tests.harness_data import Rollout, RunBuilder, call
@@ -166,7 +167,10 @@ def drive(root: Path, script: Callable[[Pilot[None]], Awaitable[None]], size: tu
 
 
 def table_ids(pilot: Pilot[None], selector: str = "#rollout-table") -> list[str]:
-    table = pilot.app.screen.query_one(selector, DataTable)
+    table = pilot.app.screen.query_one(selector)
+    if isinstance(table, PageTable):
+        return list(table.keys)
+    assert isinstance(table, DataTable)
     return [str(key.value) for key in table.rows]
 
 

@@ -23,6 +23,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Label, Select, Static
 from textual.worker import Worker
 
+from evotui.tui.widgets.page_table import Cell, Column, PageTable
 from evotui.tui.widgets.rollout_detail import RolloutDetail
 
 if TYPE_CHECKING:
@@ -151,34 +152,34 @@ def rows_label(offset: int, shown: int, total: int | None) -> str:
     return f"rows {offset + 1:,}-{offset + shown:,}{of}"
 
 
-#: (key, label) of the table's columns.
+#: The table's columns (numbers right-aligned).
 COLUMNS = [
-    ("run", "run"),
-    ("step", "step"),
-    ("split", "split"),
-    ("group", "grp"),
-    ("sample", "smp"),
-    ("reward", "reward"),
-    ("length", "len"),
-    ("truncated", "trunc"),
-    ("completion", "completion"),
+    Column("run", "run"),
+    Column("step", "step", "right"),
+    Column("split", "split"),
+    Column("group", "grp", "right"),
+    Column("sample", "smp", "right"),
+    Column("reward", "reward", "right"),
+    Column("length", "len", "right"),
+    Column("truncated", "trunc"),
+    Column("completion", "completion"),
 ]
 
 
-def table_row(r: dict[str, Any]) -> list[str | Text]:
-    """One `page_rollouts` row as the table's cells (numbers right-aligned)."""
+def table_row(r: dict[str, Any]) -> list[Cell]:
+    """One `page_rollouts` row as the table's cells."""
     preview = str(r.get("completion") or "").replace("\n", " ")[:COMPLETION_PREVIEW]
     reward = r.get("reward")
     return [
         str(r["run_id"]),
-        Text(str(r["step"]), justify="right"),
+        str(r["step"]),
         str(r["split"]),
-        Text(str(r["group_id"]), justify="right"),
-        Text(str(r["sample_idx"]), justify="right"),
-        Text("-" if reward is None else f"{reward:.3f}", justify="right"),
-        Text(str(r.get("completion_length") or "-"), justify="right"),
+        str(r["group_id"]),
+        str(r["sample_idx"]),
+        "-" if reward is None else f"{reward:.3f}",
+        str(r.get("completion_length") or "-"),
         Text("yes", style="bold yellow") if r.get("truncated") else "",
-        Text(preview),
+        preview,
     ]
 
 
@@ -238,7 +239,7 @@ class RolloutsScreen(Screen[None]):
                 yield Label("history", classes="filter-label")
                 yield self._select("f-history", _TRISTATE)
         with Horizontal(id="rollouts-body"):
-            yield DataTable(id="rollout-table", cursor_type="row", zebra_stripes=True)
+            yield PageTable(COLUMNS, id="rollout-table")
             # Scroll containers refuse to be maximized unless asked (ALLOW_MAXIMIZE = False).
             with VerticalScroll(id="rollout-detail-box", can_maximize=True):
                 yield RolloutDetail("", id="rollout-detail")
@@ -250,10 +251,8 @@ class RolloutsScreen(Screen[None]):
         return Select(options, value=_ANY, allow_blank=False, id=widget_id, compact=True, classes="filter-select")
 
     def on_mount(self) -> None:
-        table = self.query_one("#rollout-table", DataTable)
-        fill_table(table, COLUMNS, [])
         self.query_one(RolloutDetail).clear("no rollout selected")
-        table.focus()
+        self.query_one("#rollout-table", PageTable).focus()
         self.load_page(0)
 
     # -- reading the filter bar -----------------------------------------------------------------
@@ -326,14 +325,11 @@ class RolloutsScreen(Screen[None]):
 
     # -- showing --------------------------------------------------------------------------------
     def _fill_table(self) -> None:
-        table = self.query_one("#rollout-table", DataTable)
-        fill_table(table, COLUMNS, [table_row(r) for r in self.rows], [r["id"] for r in self.rows])
-        self._status(self._page_text())
+        table = self.query_one("#rollout-table", PageTable)
         self.detail_id = None
-        if self.rows:
-            table.move_cursor(row=0, animate=False)
-            self._show_detail(self.rows[0]["id"])
-        else:
+        table.show([table_row(r) for r in self.rows], [r["id"] for r in self.rows])  # highlights row 0
+        self._status(self._page_text())
+        if not self.rows:
             self.query_one(RolloutDetail).clear("no rollout matches these filters")
 
     def _expected_rows(self, offset: int) -> str:
@@ -349,7 +345,8 @@ class RolloutsScreen(Screen[None]):
         return label
 
     def _status(self, text: str) -> None:
-        self.query_one("#rollout-status", Static).update(text)
+        # The status line is one row whatever it says: no layout for it.
+        self.query_one("#rollout-status", Static).update(text, layout=False)
 
     def _show_detail(self, rollout_id: str) -> None:
         """Load the detail once the cursor rests: paging or scrolling through rows does not fetch
@@ -366,12 +363,11 @@ class RolloutsScreen(Screen[None]):
         if rollout_id == self.detail_id:
             self.load_detail(rollout_id)
 
-    @on(DataTable.RowHighlighted, "#rollout-table")
-    def _row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        if event.row_key.value is not None:
-            self._show_detail(event.row_key.value)
+    @on(PageTable.RowHighlighted, "#rollout-table")
+    def _row_highlighted(self, event: PageTable.RowHighlighted) -> None:
+        self._show_detail(event.key)
 
-    @on(DataTable.RowSelected, "#rollout-table")
+    @on(PageTable.RowSelected, "#rollout-table")
     def _row_selected(self) -> None:
         self.query_one("#rollout-detail-box").focus()
 
