@@ -1,8 +1,10 @@
 """The workbench in a real terminal (tmux): it starts the engine, a gate is approved with keys,
-the run starts, and closing the workbench leaves the engine training."""
+the run starts, a rollout is opened, and closing the workbench leaves the engine training: a
+workbench opened again finds the same engine and the run."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -31,6 +33,18 @@ def wait_for(session: str, text: str, seconds: float) -> str:
     raise AssertionError(f"{text!r} never appeared; the screen was:\n{pane(session)}")
 
 
+def engine_pid(screen: str) -> str:
+    found = re.search(r"engine pid (\d+)", screen)
+    assert found, f"no engine pid on the screen:\n{screen}"
+    return found[1]
+
+
+def open_workbench(session: str, root: Path) -> None:
+    evotui = Path(sys.executable).with_name("evotui")
+    command = f"cd {root} && TERM=xterm-256color {evotui} tui ."
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
+
+
 def keys(session: str, *sent: str) -> None:
     for key in sent:
         subprocess.run(["tmux", "send-keys", "-t", session, key], check=True)
@@ -41,10 +55,9 @@ def keys(session: str, *sent: str) -> None:
 def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspace) -> None:
     session = f"evotui-test-{tiny_workspace.root.parent.name}"
     evotui = Path(sys.executable).with_name("evotui")
-    command = f"cd {tiny_workspace.root} && TERM=xterm-256color {evotui} tui ."
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30", command], check=True)
+    open_workbench(session, tiny_workspace.root)
     try:
-        wait_for(session, "connected", 60)
+        pid = engine_pid(wait_for(session, "engine pid", 60))
         keys(session, "s")
         wait_for(session, "Start the coach", 10)
         keys(session, "y")
@@ -54,10 +67,23 @@ def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspac
         wait_for(session, "Approve g1", 10)
         keys(session, "y")
         wait_for(session, "v1-train-1", 120)
+        # A rollout, opened: the browser lists v0's, enter puts the keys on the whole rollout.
+        keys(session, "o")
+        wait_for(session, "rows 1-", 30)
+        wait_for(session, "── prompt", 10)
+        keys(session, "z")
+        wait_for(session, "── completion", 10)
+        keys(session, "Escape", "Escape")
+        wait_for(session, "Start coach", 10)
         keys(session, "q")
         time.sleep(2)
-        # The workbench is closed; the engine it started goes on.
+        # The workbench is closed; the engine it started goes on, and a new workbench finds it.
         assert WorkspaceLock(tiny_workspace.root).held_by_other()
+        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        open_workbench(session, tiny_workspace.root)
+        screen = wait_for(session, "engine pid", 60)
+        assert engine_pid(screen) == pid
+        wait_for(session, "v1-train-1", 30)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
         subprocess.run([str(evotui), "engine", str(tiny_workspace.root), "--stop"], capture_output=True, timeout=60)
