@@ -29,8 +29,8 @@ import statistics
 import struct
 import subprocess
 import sys
-import termios
 import tempfile
+import termios
 import threading
 import time
 from pathlib import Path
