@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
@@ -49,7 +49,82 @@ class MathDomainConfig(_Section):
         return self
 
 
-DomainConfig = MathDomainConfig
+class CodeDomainConfig(_Section):
+    """Small Python functions judged by unit tests run in the sandbox (`engine/domains/code.py`)."""
+
+    name: Literal["code"] = "code"
+    seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
+    train_size: int = Field(2000, ge=1)
+    val_size: int = Field(200, ge=1)
+    demo_flaw_rate: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="Share of warm-up demonstrations whose code is subtly wrong (off-by-one constant, "
+        "wrong comparison), so v0 is only partly competent.",
+    )
+    demo_unclosed_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Share of warm-up demonstrations that leave the code block open (the format gate fires).",
+    )
+    timeout_seconds: float = Field(
+        2.0, gt=0, le=60, description="Wall-clock limit of one sandboxed test run (all tests of one completion)."
+    )
+
+    @model_validator(mode="after")
+    def _rates_fit(self) -> CodeDomainConfig:
+        if self.demo_flaw_rate + self.demo_unclosed_rate > 1:
+            raise ValueError(
+                f"demo_flaw_rate ({self.demo_flaw_rate}) + demo_unclosed_rate ({self.demo_unclosed_rate}) "
+                "must be <= 1: they are shares of the same demonstrations"
+            )
+        return self
+
+
+class CustomDomainConfig(_Section):
+    """A domain written by the user in `<workspace>/domains/<module>.py` (see docs/custom_domains.md)."""
+
+    name: Literal["custom"] = "custom"
+    module: str = Field(
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="File stem under <workspace>/domains: module = 'reverse' loads domains/reverse.py.",
+    )
+    seed: int = Field(0, description="Passed to the module's make_domain(seed, options) factory.")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Passed to the module's make_domain(seed, options) factory."
+    )
+
+
+class SweDomainConfig(_Section):
+    """Multi-turn bug fixing in tiny generated repositories with tools, visible and hidden tests."""
+
+    name: Literal["swe"] = "swe"
+    seed: int = Field(1234, description="Seed of the repository generator; train and val are derived from it.")
+    train_size: int = Field(2000, ge=1)
+    val_size: int = Field(200, ge=1)
+    max_turns: int = Field(10, ge=2, le=40, description="Actions per episode (at least an edit and a submit).")
+    leak_fix_in_history: bool = Field(
+        False,
+        description="Leave each bug's fix in the git history as the newest commit (on another branch), so "
+        "`git log` then `git show` reveals it: the leak the harness must catch. Evaluation ignores it.",
+    )
+    leak_rate: float = Field(
+        1.0, ge=0, le=1, description="Share of tasks whose history holds the fix when leak_fix_in_history is on."
+    )
+    judge: Literal["rubric", "claude"] = Field(
+        "rubric",
+        description="The `judge` reward: the offline protocol rubric, or Claude (needs ANTHROPIC_API_KEY; "
+        "an episode it cannot score falls back to the rubric).",
+    )
+    judge_model: str = Field("claude-sonnet-4-5", description="Model of the Claude judge.")
+
+
+#: The `[domain]` section: its `name` picks the kind.
+DomainConfig = Annotated[
+    MathDomainConfig | CodeDomainConfig | SweDomainConfig | CustomDomainConfig, Field(discriminator="name")
+]
 
 
 class EmbeddedPolicyConfig(_Section):
@@ -208,6 +283,8 @@ class WorkspaceConfig(_Section):
         from engine.domains import reward_component_names
 
         allowed = reward_component_names(self.domain.name)
+        if allowed is None:  # a custom domain: checked against its file when it is loaded
+            return self
         unknown = sorted(set(self.recipe.rewards) - set(allowed))
         if unknown:
             raise ValueError(

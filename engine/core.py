@@ -294,7 +294,15 @@ class Engine:
         """Launch a worker for one run and follow it to the end; raises RunFailed if it fails."""
         run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
         run_dir = self.workspace.runs_dir / run_id
-        spec = RunSpec(run_id=run_id, version=version, kind=kind, config=config, model_in=model_in, model_out=model_out)
+        spec = RunSpec(
+            run_id=run_id,
+            version=version,
+            kind=kind,
+            config=config,
+            model_in=model_in,
+            model_out=model_out,
+            workspace=self.workspace.root,
+        )
         spec.save(run_dir)
         self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
         handle = self.runner.start(run_dir)

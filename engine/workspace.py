@@ -20,7 +20,10 @@ from engine.config import CONFIG_FILE, WorkspaceConfig, load_config
 from engine.versions import VersionTree
 
 STATE_DIR = ".evotrainer"
-TEMPLATES = ("sample",)
+#: "sample" is the math workspace; the others are the same workspace with the `workspace.toml`
+#: of `variants/<name>.toml` (another domain, sized to train on this kind of machine).
+TEMPLATES = ("sample", "code", "swe")
+VARIANTS_DIR = "variants"
 
 
 class WorkspaceError(RuntimeError):
@@ -70,7 +73,7 @@ def template_dir(name: str) -> Path:
     if name not in TEMPLATES:
         raise WorkspaceError(f"unknown template {name!r}; available: {', '.join(TEMPLATES)}")
     package = Path(engine.__file__).resolve().parent
-    for candidate in (package / "templates" / name, package.parent / f"{name}_workspace"):
+    for candidate in (package / "templates" / "sample", package.parent / "sample_workspace"):
         if (candidate / CONFIG_FILE).is_file():
             return candidate
     raise WorkspaceError(f"template {name!r} is missing from this installation ({package})")
@@ -82,7 +85,13 @@ def init_workspace(dest: Path | str, template: str = "sample") -> Workspace:
     if dest.exists() and any(dest.iterdir()):
         raise WorkspaceError(f"{dest} exists and is not empty; choose a new directory")
     source = template_dir(template)
-    shutil.copytree(source, dest, dirs_exist_ok=True, ignore=shutil.ignore_patterns(STATE_DIR, "__pycache__"))
+    ignore = shutil.ignore_patterns(STATE_DIR, "__pycache__", VARIANTS_DIR)
+    shutil.copytree(source, dest, dirs_exist_ok=True, ignore=ignore)
+    if template != "sample":
+        variant = source / VARIANTS_DIR / f"{template}.toml"
+        if not variant.is_file():
+            raise WorkspaceError(f"template {template!r} is missing from this installation ({variant})")
+        shutil.copyfile(variant, dest / CONFIG_FILE)
     gitignore = dest / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []
     if f"{STATE_DIR}/" not in lines:

@@ -18,7 +18,16 @@ def test_init_creates_a_repository_and_refuses_a_non_empty_directory(tmp_path: P
     again = runner.invoke(app, ["init", str(tmp_path / "ws")])
     assert again.exit_code == 1 and "not empty" in again.output
     unknown = runner.invoke(app, ["init", str(tmp_path / "other"), "--from", "nope"])
-    assert unknown.exit_code == 1 and "unknown template 'nope'; available: sample" in unknown.output
+    assert unknown.exit_code == 1 and "unknown template 'nope'; available: sample, code, swe" in flat(unknown.output)
+
+
+def test_each_template_makes_a_workspace_of_its_domain(tmp_path: Path) -> None:
+    for template, domain in (("sample", "math"), ("code", "code"), ("swe", "swe")):
+        result = runner.invoke(app, ["init", str(tmp_path / template), "--from", template])
+        assert result.exit_code == 0, result.output
+        ws = Workspace.open(tmp_path / template)
+        assert ws.load_config().domain.name == domain
+        assert not (ws.root / "variants").exists()  # the other templates stay out of a workspace
 
 
 def flat(output: str) -> str:
@@ -61,7 +70,8 @@ def test_a_bad_workspace_toml_is_reported_not_raised(tiny_workspace: Workspace) 
     tiny_workspace.config_path.write_text(text)
     result = runner.invoke(app, ["status", str(tiny_workspace.root)])
     assert result.exit_code == 1
-    assert "workspace.toml:" in result.output and "recipe.loss_type" in result.output
+    unwrapped = "".join(result.output.split())  # rich wraps a long path anywhere
+    assert "workspace.toml:" in unwrapped and "recipe.loss_type" in unwrapped
     missing = runner.invoke(app, ["versions", str(tiny_workspace.root / "nowhere")])
     assert missing.exit_code == 1 and "is not a workspace" in missing.output
 

@@ -14,7 +14,7 @@ SMALL = EmbeddedPolicyConfig(hidden_size=32, num_layers=2, num_heads=2, intermed
 
 def test_tokenizer_round_trips_every_symbol_one_token_each() -> None:
     domain = make_domain(MathDomainConfig(train_size=10, val_size=5))
-    _, tokenizer = build_tiny_policy(SMALL, domain.alphabet)
+    _, tokenizer = build_tiny_policy(SMALL, domain)
     text = "Q:12+7-5\n12+7=19;19-5=14;A:14"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text) and tokenizer.unk_token_id not in ids
@@ -24,13 +24,13 @@ def test_tokenizer_round_trips_every_symbol_one_token_each() -> None:
 
 
 def test_default_size_is_the_measured_tiny_policy() -> None:
-    model, _ = build_tiny_policy(EmbeddedPolicyConfig(), "0123456789+-=;:AQ\n")
+    model, _ = build_tiny_policy(EmbeddedPolicyConfig(), make_domain(MathDomainConfig()))
     assert 0.5e6 < model.num_parameters() < 1.0e6
     assert model.config.tie_word_embeddings
 
 
 def test_save_and_load_give_the_same_model(tmp_path: Path) -> None:
-    model, tokenizer = build_tiny_policy(SMALL, "0123456789+-=;:AQ\n", seed=3)
+    model, tokenizer = build_tiny_policy(SMALL, make_domain(MathDomainConfig()), seed=3)
     save_policy(model, tokenizer, tmp_path / "m")
     loaded, loaded_tok = load_policy(tmp_path / "m")
     ids = torch.tensor([tokenizer("Q:1+2\n", add_special_tokens=False)["input_ids"]])
@@ -41,7 +41,7 @@ def test_save_and_load_give_the_same_model(tmp_path: Path) -> None:
 
 def test_warmup_lowers_the_loss_and_generation_reports_truncation() -> None:
     domain = make_domain(MathDomainConfig(train_size=100, val_size=10))
-    model, tokenizer = build_tiny_policy(SMALL, domain.alphabet)
+    model, tokenizer = build_tiny_policy(SMALL, domain)
     losses: list[float] = []
     warmup_policy(
         model, tokenizer, domain, WarmupConfig(steps=30, batch_size=16), on_step=lambda s, v: losses.append(v)

@@ -111,10 +111,11 @@ def _dead_pid() -> int:
 
 
 def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) -> None:
+    from engine.domains import make_domain
     from engine.policy.tiny import build_tiny_policy, save_policy
 
     config = tiny_workspace.load_config()
-    model, tokenizer = build_tiny_policy(config.policy.embedded, "0123456789+-=;:AQ\n", seed=5)
+    model, tokenizer = build_tiny_policy(config.policy.embedded, make_domain(config.domain), seed=5)
     save_policy(model, tokenizer, tiny_workspace.root / "my-model")
     text = tiny_workspace.config_path.read_text().replace('kind = "embedded"', 'kind = "local"\npath = "my-model"')
     tiny_workspace.config_path.write_text(text)

@@ -231,7 +231,7 @@ class Service:
             run = view.latest_run(p.version)
             result: Any
             if p.kind == "reward":
-                domain = make_domain(view.version_config(p.version).domain)
+                domain = make_domain(view.version_config(p.version).domain, self.engine.workspace.root)
                 result = reward_backtest(self.store, run.id, p.weights, domain)
                 params: dict[str, Any] = {"weights": p.weights}
             else:

@@ -22,6 +22,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import WorkspaceConfig, parse_config
+from engine.domains import reward_component_names
 
 Kind = Literal["reward", "filter", "optimizer", "data", "budget", "environment", "evaluation"]
 KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
@@ -179,9 +180,24 @@ class Template:
 
 
 def _rewards(config: WorkspaceConfig, **weights: float) -> dict[str, Any] | None:
+    """The reward weights with `weights` changed; None when nothing changes or the domain lacks a
+    component named (a custom domain's are checked when it loads)."""
+    offered = reward_component_names(config.domain.name)
+    if offered is not None and not set(weights) <= set(offered):
+        return None
     new = {**config.recipe.rewards, **weights}
     new = {k: v for k, v in new.items() if v}
     return {"recipe.rewards": new} if new != config.recipe.rewards and new else None
+
+
+#: The continuous counterpart of binary correctness, by domain.
+CONTINUOUS = ("closeness", "pass_fraction")
+
+
+def _continuous(config: WorkspaceConfig) -> dict[str, Any] | None:
+    offered = reward_component_names(config.domain.name) or ()
+    name = next((n for n in CONTINUOUS if n in offered), None)
+    return _rewards(config, **{name: 0.5}) if name and name not in config.recipe.rewards else None
 
 
 def _scaled(value: float, factor: float, digits: int = 3) -> float:
@@ -200,7 +216,7 @@ CATALOG: list[Template] = [
         "reward",
         ("insufficient_signal", "dead_training"),
         False,
-        lambda c, _: _rewards(c, closeness=0.5) if "closeness" not in c.recipe.rewards else None,
+        lambda c, _: _continuous(c),
         "a continuous correctness component gives groups with equal binary rewards a spread to learn from",
     ),
     Template(

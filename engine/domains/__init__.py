@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.domains.base import Domain, RewardFn, Task
@@ -11,19 +12,52 @@ if TYPE_CHECKING:
 
 __all__ = ["Domain", "RewardFn", "Task", "make_domain", "reward_component_names", "score"]
 
-_COMPONENTS = {"math": ("correctness", "format", "closeness")}
+_COMPONENTS = {
+    "math": ("correctness", "format", "closeness"),
+    "code": ("correctness", "pass_fraction", "format"),
+    # Behavior rewards are components like any other (tests check these match SweDomain's).
+    "swe": (
+        "correctness",
+        "pass_fraction",
+        "search_before_edit",
+        "edit_then_test",
+        "efficiency",
+        "invalid_penalty",
+        "judge",
+    ),
+}
 
 
-def reward_component_names(domain: str) -> tuple[str, ...]:
+def reward_component_names(domain: str) -> tuple[str, ...] | None:
+    """The reward components a domain offers, or None for a custom domain: its components are
+    known only once its file is loaded (`load_custom_domain` validates them then)."""
+    if domain == "custom":
+        return None
     return _COMPONENTS[domain]
 
 
-def make_domain(config: DomainConfig) -> Domain:
+def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
+    """The domain a config names; `root` is the workspace directory, needed by a custom domain
+    (its code lives in `<root>/domains/<module>.py`)."""
     if config.name == "math":
         from engine.domains.math import MathDomain
 
         return MathDomain(config)
-    raise ValueError(f"unknown domain {config.name!r}; available: {', '.join(_COMPONENTS)}")
+    if config.name == "code":
+        from engine.domains.code import CodeDomain
+
+        return CodeDomain(config)
+    if config.name == "swe":
+        from engine.domains.swe import SweDomain
+
+        return SweDomain(config)
+    if config.name == "custom":
+        from engine.domains.custom import load_custom_domain
+
+        if root is None:
+            raise ValueError("a custom domain needs the workspace directory: make_domain(config, root=workspace)")
+        return load_custom_domain(root, config)
+    raise ValueError(f"unknown domain {config.name!r}; available: {', '.join([*_COMPONENTS, 'custom'])}")
 
 
 def score(domain: Domain, task: Task, completion: str, weights: dict[str, float]) -> tuple[float, dict[str, float]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 
@@ -36,3 +36,99 @@ class Domain(Protocol):
         ...
 
     def is_correct(self, task: Task, completion: str) -> bool: ...
+
+
+# -- multi-turn (agentic) domains -------------------------------------------------------------------
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call of an episode, as stored in `rollouts.tool_calls` (the harness reads these).
+
+    Tool names of the agentic protocol: search, read, edit, test, submit, git_log, git_show,
+    git_diff, plus `invalid` for a line the environment could not parse.
+    """
+
+    turn: int
+    tool: str
+    args: str
+    ok: bool
+    files: tuple[str, ...] = ()
+    #: What the environment answered (shown in the rollout browser; not in the harness schema).
+    result: str = ""
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The environment's answer to one action line."""
+
+    observation: str  # text appended after the action (ends with the next prompt marker unless done)
+    done: bool
+    call: ToolCall
+
+
+@dataclass
+class Episode:
+    """One finished (or truncated) episode: what the policy did and how it ended."""
+
+    task: Task
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    calls: list[ToolCall] = field(default_factory=list)
+    submitted: bool = False
+    #: The hidden tests' verdict (binary correctness); False until submitted.
+    success: bool = False
+    #: The share of hidden tests that pass (continuous), when the domain measures it.
+    pass_fraction: float = 0.0
+    #: The policy ran out of turns or tokens before it submitted.
+    truncated: bool = False
+
+    @property
+    def turns(self) -> int:
+        return len(self.actions)
+
+    def transcript(self) -> str:
+        """The completion as text: each action followed by the environment's answer."""
+        return "".join(a + o for a, o in zip(self.actions, self.observations, strict=False)) + "".join(
+            self.actions[len(self.observations) :]
+        )
+
+
+class Environment(Protocol):
+    """One episode's world (a fresh one per rollout). Its side effects on code run in the sandbox."""
+
+    def step(self, action: str) -> StepResult: ...
+
+    def finish(self, episode: Episode) -> None:
+        """Fill the episode's outcome (success, pass fraction); called once, after the last turn,
+        also when the policy never submitted."""
+        ...
+
+
+#: A reward component of a multi-turn domain scores a whole episode.
+EpisodeRewardFn = Callable[[Episode], float]
+
+
+class AgenticDomain(Domain, Protocol):
+    """A domain whose completions are episodes: the policy writes one action line per turn and the
+    environment answers; TRL trains on the actions only (`env_mask`)."""
+
+    max_turns: int
+
+    def environment(self, task: Task, *, clean: bool = False) -> Environment:
+        """A fresh environment for the task; `clean` ignores leak switches (evaluation)."""
+        ...
+
+    @property
+    def episode_rewards(self) -> dict[str, EpisodeRewardFn]: ...
+
+    def demonstration_episode(self, task: Task, rng: random.Random) -> list[tuple[str, str]]:
+        """(action, observation) pairs of a scripted episode for the warm-up (mixed quality)."""
+        ...
+
+    def vocabulary(self) -> list[str]:
+        """The words of the embedded word-level tokenizer (actions and observations)."""
+        ...
+
+
+def is_agentic(domain: object) -> bool:
+    """Whether a domain's completions are episodes (it has an environment)."""
+    return callable(getattr(domain, "environment", None))

@@ -124,7 +124,11 @@ class Context:
         return {r[0] for r in self.q("SELECT DISTINCT key FROM metrics WHERE run_id = $run")}
 
     def has_traces(self) -> bool:
-        row = self.q1("SELECT count(*) FROM rollouts WHERE run_id = $run AND tool_calls IS NOT NULL")
+        """Whether the run's train rollouts carry tool-call traces (a warm-up run of a multi-turn
+        domain has traced val rollouts only: nothing for the behavior layer to read)."""
+        row = self.q1(
+            "SELECT count(*) FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL"
+        )
         return bool(row and row[0])
 
 

@@ -25,13 +25,21 @@ from transformers import (
 
 from engine.config import EmbeddedPolicyConfig, WarmupConfig
 from engine.domains import Domain, Task
+from engine.domains.base import is_agentic
 from engine.policy.tokenizer import build_char_tokenizer
 
 
 def build_tiny_policy(
-    config: EmbeddedPolicyConfig, alphabet: str, seed: int = 0
+    config: EmbeddedPolicyConfig, domain: Domain, seed: int = 0
 ) -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
-    tokenizer = build_char_tokenizer(alphabet)
+    """A fresh tiny model with the domain's tokenizer: characters for single-turn domains, words
+    for multi-turn ones (a character-level episode is too long to train on here)."""
+    if is_agentic(domain):
+        from engine.policy.words import build_word_tokenizer
+
+        tokenizer = build_word_tokenizer(domain.vocabulary())  # type: ignore[attr-defined]
+    else:
+        tokenizer = build_char_tokenizer(domain.alphabet)
     torch.manual_seed(seed)
     model_config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -74,22 +82,38 @@ class WarmupStats:
     seconds: float
 
 
-def _demo_batch(
-    tasks: Sequence[Task], domain: Domain, tokenizer: PreTrainedTokenizerBase, rng: random.Random
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded prompt+demonstration+EOS; the loss covers the completion tokens only."""
-    rows, labels = [], []
-    for task in tasks:
-        prompt_ids = tokenizer(task.prompt)["input_ids"]  # special tokens as TRL's prompts get them
-        completion_ids = tokenizer(domain.demonstration(task, rng), add_special_tokens=False)["input_ids"]
-        ids = prompt_ids + completion_ids + [tokenizer.eos_token_id]
-        rows.append(ids)
-        labels.append([-100] * len(prompt_ids) + completion_ids + [tokenizer.eos_token_id])
-    width = max(map(len, rows))
-    pad = tokenizer.pad_token_id
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
-    label_ids = torch.tensor([r + [-100] * (width - len(r)) for r in labels])
-    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+def _demo_rows(
+    task: Task, domain: Domain, tokenizer: PreTrainedTokenizerBase, rng: random.Random
+) -> tuple[list[int], list[int]]:
+    """Token ids of prompt + demonstration, and their labels (-100 where no loss applies).
+
+    Single-turn: the completion and EOS are learned. Multi-turn: only the actions are learned;
+    the environment's answers are context (as `env_mask` makes them in GRPO), and so is the EOS
+    the environment appends after `submit`."""
+    prompt_ids = list(tokenizer(task.prompt)["input_ids"])  # special tokens as TRL's prompts get them
+    ids, labels = list(prompt_ids), [-100] * len(prompt_ids)
+    if is_agentic(domain):
+        for action, observation in domain.demonstration_episode(task, rng):  # type: ignore[attr-defined]
+            action_ids = tokenizer(action, add_special_tokens=False)["input_ids"]
+            observation_ids = tokenizer(observation, add_special_tokens=False)["input_ids"]
+            ids += action_ids + observation_ids
+            labels += action_ids + [-100] * len(observation_ids)
+        return ids, labels
+    completion_ids = tokenizer(domain.demonstration(task, rng), add_special_tokens=False)["input_ids"]
+    return ids + completion_ids + [tokenizer.eos_token_id], labels + completion_ids + [tokenizer.eos_token_id]
+
+
+#: Scripted episodes a multi-turn warm-up draws its batches from. Playing a demonstration runs its
+#: tests in the sandbox (~10 ms each), so the pool is played once and reused, as epochs are.
+EPISODE_POOL = 3000
+
+
+def _batch(rows: Sequence[tuple[list[int], list[int]]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, attention mask and labels."""
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])
+    label_ids = torch.tensor([labels + [-100] * (width - len(labels)) for _, labels in rows])
+    attention = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
     return input_ids, attention, label_ids
 
 
@@ -115,10 +139,18 @@ def warmup_policy(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     model.train()
     start = time.perf_counter()
+    pool: list[tuple[list[int], list[int]]] = []
+    if is_agentic(domain):
+        size = min(EPISODE_POOL, config.steps * config.batch_size)
+        pool = [_demo_rows(tasks[rng.randrange(len(tasks))], domain, tokenizer, rng) for _ in range(size)]
     loss_value = float("nan")
     for step in range(config.steps):
-        batch = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch_size)]
-        input_ids, attention, labels = _demo_batch(batch, domain, tokenizer, rng)
+        if pool:
+            rows = [pool[rng.randrange(len(pool))] for _ in range(config.batch_size)]
+        else:  # the tasks first, then their demonstrations: the draws of every earlier v0
+            batch = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch_size)]
+            rows = [_demo_rows(task, domain, tokenizer, rng) for task in batch]
+        input_ids, attention, labels = _batch(rows, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

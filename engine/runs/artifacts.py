@@ -77,6 +77,10 @@ class RolloutBatch:
     reward_components: list[dict[str, float]] = field(default_factory=list)
     truncated: list[bool] = field(default_factory=list)
     completion_length: list[int] = field(default_factory=list)
+    #: Multi-turn domains only (else left empty): the turns as JSON, their count, the tool calls.
+    turns: list[str | None] = field(default_factory=list)
+    num_turns: list[int | None] = field(default_factory=list)
+    tool_calls: list[list[dict[str, Any]] | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.task_id)
@@ -98,9 +102,9 @@ class RolloutBatch:
             "reward_components": [list(c.items()) for c in self.reward_components],
             "truncated": self.truncated,
             "completion_length": self.completion_length,
-            "turns": [None] * n,
-            "num_turns": [None] * n,
-            "tool_calls": [None] * n,
+            "turns": self.turns or [None] * n,
+            "num_turns": self.num_turns or [None] * n,
+            "tool_calls": self.tool_calls or [None] * n,
         }
         return pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)
 

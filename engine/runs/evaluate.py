@@ -8,8 +8,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from engine.domains import Domain, score
+from engine.domains import Domain, Task, score
+from engine.domains.base import AgenticDomain, is_agentic
 from engine.runs.artifacts import RolloutBatch
+from engine.runs.episodes import add_episode, play, score_episode
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,11 @@ def evaluate(
     prompts = [t.prompt for t in tasks]
     greedy = RolloutBatch(run_id=run_id, step=step, split="val", decoding="greedy")
     sampled = RolloutBatch(run_id=run_id, step=step, split="val", decoding="sampled")
+    if is_agentic(domain):
+        _evaluate_episodes(
+            model, tokenizer, domain, tasks, weights, max_new_tokens, sampled_seeds, temperature, seed, greedy, sampled
+        )
+        return EvalResult(greedy, sampled)
     passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False))]
     for k in range(sampled_seeds):
         # Fixed seeds: a version is always judged on the same draws.
@@ -108,3 +115,32 @@ def evaluate(
             batch.truncated.append(truncated)
             batch.completion_length.append(length)
     return EvalResult(greedy, sampled)
+
+
+def _evaluate_episodes(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    domain: AgenticDomain,
+    tasks: Sequence[Task],
+    weights: dict[str, float],
+    max_tokens: int,
+    sampled_seeds: int,
+    temperature: float,
+    seed: int,
+    greedy: RolloutBatch,
+    sampled: RolloutBatch,
+) -> None:
+    """Episodes on val, always in the clean environment (no leak switch): a version is judged on
+    the skill, never on what a leak lets it copy."""
+    passes = [(greedy, 0, play(model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=False, clean=True))]
+    for k in range(sampled_seeds):
+        torch.manual_seed(seed * 1000 + k)
+        episodes = play(
+            model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=True, temperature=temperature, clean=True
+        )
+        passes.append((sampled, k + 1, episodes))
+    for batch, sample_idx, rollouts in passes:
+        for i, rollout in enumerate(rollouts):
+            total, components = score_episode(domain, rollout.episode, weights)
+            completion = tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+            add_episode(batch, rollout, i, sample_idx, total, components, completion)

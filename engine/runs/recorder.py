@@ -3,6 +3,10 @@
 TRL calls the reward functions of a generation batch one after another with the same
 completions; when the last one has scored the batch, the recorder writes it as one Parquet
 file (group id, sample index, every component, total, truncation, length) and logs an event.
+
+For a multi-turn domain the batch was played by `rollout_func` (see `rollout_function`), which
+hands the recorder its episodes; the components score episodes, and every rollout is stored with
+its turns and tool calls.
 """
 
 from __future__ import annotations
@@ -12,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.domains import Domain, Task
+from engine.domains.base import is_agentic
 from engine.runs.artifacts import EventLog, RolloutBatch, write_rollouts
+from engine.runs.episodes import EpisodeRollout, add_episode, play
 
 
 class RolloutRecorder:
@@ -33,8 +39,11 @@ class RolloutRecorder:
         self.num_generations = num_generations
         self.stop_ids = set(eos_token_ids)
         self.events = events
-        self.components = list(domain.reward_components)
+        self.agentic = is_agentic(domain)
+        self.components = list(domain.episode_rewards if self.agentic else domain.reward_components)  # type: ignore[attr-defined]
         self._tasks: dict[str, Task] = {t.task_id: t for t in domain.tasks("train")}
+        #: The episodes of the batch being scored (multi-turn domains; set by `rollout_function`).
+        self.episodes: list[EpisodeRollout] = []
         self._pending: dict[str, list[float]] = {}
         #: The weighted reward of each completion of the last batch, in batch order (the group filter reads it).
         self.last_rewards: list[float] = []
@@ -47,8 +56,40 @@ class RolloutRecorder:
     def reward_functions(self) -> list[Callable[..., list[float]]]:
         return [self._make_reward_fn(name) for name in self.components]
 
+    def rollout_function(self, max_tokens: int, temperature: float) -> Callable[[list[str], Any], dict[str, Any]]:
+        """TRL's `rollout_func` for a multi-turn domain: plays one episode per prompt.
+
+        TRL hands over the prompts only; the trainer keeps the batch's rows (`current_inputs`),
+        whose `task_id` names the task, since two tasks may share a prompt text."""
+
+        def rollout_func(prompts: list[str], trainer: Any) -> dict[str, Any]:
+            rows = trainer.current_inputs
+            tasks = [self._tasks[row["task_id"]] for row in rows]
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            self.episodes = play(
+                model,
+                trainer.processing_class,
+                self.domain,  # type: ignore[arg-type]
+                tasks,
+                max_tokens=max_tokens,
+                do_sample=True,
+                temperature=temperature,
+            )
+            return {
+                "prompt_ids": [r.prompt_ids for r in self.episodes],
+                "completion_ids": [r.completion_ids for r in self.episodes],
+                "logprobs": None,
+                "env_mask": [r.env_mask for r in self.episodes],
+                "episode_index": list(range(len(self.episodes))),
+            }
+
+        return rollout_func
+
     def _make_reward_fn(self, name: str) -> Callable[..., list[float]]:
-        component = self.domain.reward_components[name]
+        if self.agentic:
+            score_episode = self.domain.episode_rewards[name]  # type: ignore[attr-defined]
+        else:
+            component = self.domain.reward_components[name]
 
         def reward_fn(
             prompts: list[str],
@@ -57,7 +98,10 @@ class RolloutRecorder:
             task_id: list[str],
             **kw: Any,
         ) -> list[float]:
-            scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
+            if self.agentic:
+                scores = [float(score_episode(self.episodes[j].episode)) for j in kw["episode_index"]]
+            else:
+                scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
             self._pending[name] = scores
             if len(self._pending) == len(self.components):
                 self._flush(prompts, completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
@@ -77,6 +121,15 @@ class RolloutRecorder:
     ) -> None:
         pending, self._pending = self._pending, {}
         batch = RolloutBatch(run_id=self.run_id, step=step, split="train", decoding="sampled")
+        if self.agentic:
+            for i, (rollout, completion) in enumerate(zip(self.episodes, completions, strict=True)):
+                components = {name: pending[name][i] for name in self.components}
+                reward = sum(self.weights.get(n, 0.0) * v for n, v in components.items())
+                add_episode(
+                    batch, rollout, i // self.num_generations, i % self.num_generations, reward, components, completion
+                )
+            self._write(batch, step)
+            return
         for i, (prompt, completion, ids, task_id) in enumerate(
             zip(prompts, completions, completion_ids, task_ids, strict=True)
         ):
@@ -92,6 +145,9 @@ class RolloutRecorder:
             # Same rule as TRL's completions/clipped_ratio: no EOS at the end means truncated.
             batch.truncated.append(not ids or ids[-1] not in self.stop_ids)
             batch.completion_length.append(len(ids))
+        self._write(batch, step)
+
+    def _write(self, batch: RolloutBatch, step: int) -> None:
         self.last_rewards = list(batch.reward)
         file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         if self.events is not None:

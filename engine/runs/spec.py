@@ -26,6 +26,8 @@ class RunSpec(BaseModel):
     model_out: Path | None = None
     #: Torch intra-op threads for the worker (None: torch's default).
     threads: int | None = None
+    #: The workspace directory (a custom domain's code lives in it).
+    workspace: Path | None = None
 
     @property
     def total_steps(self) -> int:

@@ -32,7 +32,7 @@ from engine.runs.spec import RunSpec
 
 def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
     cfg = spec.config
-    domain = make_domain(cfg.domain)
+    domain = make_domain(cfg.domain, spec.workspace)
     result = evaluate(
         model,
         tokenizer,
@@ -54,9 +54,9 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
 def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     """Build v0: the embedded policy with its supervised warm-up, or a local model as it is."""
     cfg = spec.config
-    domain = make_domain(cfg.domain)
+    domain = make_domain(cfg.domain, spec.workspace)
     if spec.model_in is None:
-        model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain.alphabet, seed=cfg.policy.warmup.seed)
+        model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain, seed=cfg.policy.warmup.seed)
         events.write("start", total_steps=cfg.policy.warmup.steps, parameters=model.num_parameters())
         every = max(1, cfg.policy.warmup.steps // 50)
 
@@ -122,7 +122,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
     """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
     assert spec.model_in is not None
     recipe = spec.config.recipe
-    domain = make_domain(spec.config.domain)
+    domain = make_domain(spec.config.domain, spec.workspace)
     model, tokenizer = load_policy(spec.model_in)
     recorder = RolloutRecorder(
         spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
@@ -134,6 +134,10 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
         train_dataset=grpo_dataset(domain, spec.config.data.exclude_tasks),
         callbacks=[_EventCallback(spec, run_dir, events, tokenizer)],
+        # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
+        rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
+        if recorder.agentic
+        else None,
     )
     trainer.group_filter = GroupFilter.from_config(recipe.group_filter)
     trainer.recorder = recorder
@@ -147,8 +151,11 @@ class FilteringGRPOTrainer(GRPOTrainer):
 
     group_filter: GroupFilter | None = None
     recorder: RolloutRecorder | None = None
+    #: The rows of the batch being generated: a `rollout_func` gets only prompts from TRL.
+    current_inputs: list[dict[str, Any]] = []
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
+        self.current_inputs = inputs
         output = super()._generate_and_score_completions(inputs)
         if self.group_filter is None or self.recorder is None or not self.model.training:
             return output
@@ -231,4 +238,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental
     sys.exit(main())
