@@ -230,6 +230,12 @@ def _episode(
     return Episode(task, actions=actions, observations=["o\n>"] * len(actions), calls=calls)
 
 
+def test_the_config_knows_every_episode_reward() -> None:
+    from engine.domains import reward_component_names
+
+    assert tuple(domain().episode_rewards) == reward_component_names("swe")
+
+
 def test_episode_rewards_on_constructed_episodes() -> None:
     rewards = domain().episode_rewards
     assert set(rewards) >= {"correctness", "pass_fraction", "search_before_edit", "edit_then_test", "efficiency"}

@@ -16,6 +16,35 @@ class Task:
     subset: str  # for per-subset scores, e.g. the number of operands
 
 
+def draw_distinct(
+    split: str,
+    count: int,
+    exclude: set[str],
+    draw: Callable[[], tuple[str, Callable[[], tuple[str, str]]]],
+    impossible: str,
+) -> list[Task]:
+    """`count` tasks with distinct prompts, none in `exclude`, ids `<split>-00000`...
+
+    `draw()` proposes a prompt and a `finish()` that gives its (answer, subset); `finish` runs
+    only for a new prompt, so a generator's random draws stay in one reproducible order. After
+    50 proposals per task without enough new ones, the generator's space is too small:
+    `impossible` says what to change."""
+    tasks: list[Task] = []
+    seen = set(exclude)
+    attempts = 0
+    while len(tasks) < count:
+        attempts += 1
+        if attempts > 50 * count + 1000:
+            raise ValueError(impossible)
+        prompt, finish = draw()
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        answer, subset = finish()
+        tasks.append(Task(f"{split}-{len(tasks):05d}", prompt, answer, subset))
+    return tasks
+
+
 # A reward component scores one completion of one task; 0.0 is the floor, 1.0 a full score.
 RewardFn = Callable[[Task, str], float]
 

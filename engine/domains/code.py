@@ -46,7 +46,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from engine.config import CodeDomainConfig
-from engine.domains.base import RewardFn, Task
+from engine.domains.base import RewardFn, Task, draw_distinct
 
 FENCE = "```"
 #: The verdict cache holds this many (task, completion) results: a GRPO batch scores each
@@ -365,26 +365,25 @@ class CodeDomain:
     def _draw(self, split: str, count: int, exclude: set[str]) -> list[Task]:
         rng = random.Random(f"code:{self.config.seed}:{split}")
         families = list(FAMILIES.values())
-        tasks: list[Task] = []
-        seen = set(exclude)
-        attempts = 0
-        while len(tasks) < count:
-            attempts += 1
-            if attempts > 50 * count + 1000:
-                raise ValueError(
-                    f"code domain: cannot draw {count} distinct {split} tasks from {len(families)} families; "
-                    "lower train_size or val_size"
-                )
+
+        def draw() -> tuple[str, Callable[[], tuple[str, str]]]:
             family = rng.choice(families)
             params = family.draw(rng)
-            prompt = prompt_for(family, params)
-            if prompt in seen:
-                continue
-            seen.add(prompt)
-            cases = family.cases(params, rng)
-            answer = json.dumps({"family": family.name, "params": list(params), "tests": cases})
-            tasks.append(Task(f"{split}-{len(tasks):05d}", prompt, answer, family.name))
-        return tasks
+
+            def finish() -> tuple[str, str]:
+                cases = family.cases(params, rng)
+                return json.dumps({"family": family.name, "params": list(params), "tests": cases}), family.name
+
+            return prompt_for(family, params), finish
+
+        return draw_distinct(
+            split,
+            count,
+            exclude,
+            draw,
+            f"code domain: cannot draw {count} distinct {split} tasks from {len(families)} families; "
+            "lower train_size or val_size",
+        )
 
     def tasks(self, split: str) -> Sequence[Task]:
         if split not in self._splits:

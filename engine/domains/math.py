@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cached_property
 
 from engine.config import MathDomainConfig
-from engine.domains.base import RewardFn, Task
+from engine.domains.base import RewardFn, Task, draw_distinct
 
 _ANSWER = re.compile(r"A:(-?\d+)\s*$")
 _WELL_FORMED = re.compile(r"(-?\d+[+-]\d+=-?\d+;)*A:-?\d+")
@@ -47,27 +47,22 @@ class MathDomain:
     def _draw(self, split: str, count: int, exclude: set[str]) -> list[Task]:
         cfg = self.config
         rng = random.Random(f"math:{cfg.seed}:{split}")
-        tasks: list[Task] = []
-        seen = set(exclude)
-        attempts = 0
-        while len(tasks) < count:
-            attempts += 1
-            if attempts > 50 * count + 1000:
-                raise ValueError(
-                    f"math domain: cannot draw {count} distinct {split} problems with operands "
-                    f"0..{cfg.max_operand} "
-                    f"and {cfg.min_operands}-{cfg.max_operands} operands; raise max_operand or max_operands"
-                )
+
+        def draw() -> tuple[str, Callable[[], tuple[str, str]]]:
             n = rng.randint(cfg.min_operands, cfg.max_operands)
             operands = [rng.randint(0, cfg.max_operand) for _ in range(n)]
             ops = [rng.choice("+-") for _ in range(n - 1)]
             expr = str(operands[0]) + "".join(f"{op}{x}" for op, x in zip(ops, operands[1:], strict=True))
-            prompt = f"Q:{expr}\n"
-            if prompt in seen:
-                continue
-            seen.add(prompt)
-            tasks.append(Task(f"{split}-{len(tasks):05d}", prompt, str(_evaluate(operands, ops)), f"ops{n}"))
-        return tasks
+            return f"Q:{expr}\n", lambda: (str(_evaluate(operands, ops)), f"ops{n}")
+
+        return draw_distinct(
+            split,
+            count,
+            exclude,
+            draw,
+            f"math domain: cannot draw {count} distinct {split} problems with operands 0..{cfg.max_operand} "
+            f"and {cfg.min_operands}-{cfg.max_operands} operands; raise max_operand or max_operands",
+        )
 
     def tasks(self, split: str) -> Sequence[Task]:
         if split not in self._splits:

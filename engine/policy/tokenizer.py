@@ -15,6 +15,12 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     # `.` does not match a newline in the tokenizers regex engine; `[\s\S]` does.
     core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
+    return wrap(core)
+
+
+def wrap(core: Tokenizer) -> PreTrainedTokenizerFast:
+    """A `tokenizers` tokenizer as a transformers one with the special tokens every embedded
+    policy uses, padded on the left (generation), decoded exactly as written."""
     return PreTrainedTokenizerFast(
         tokenizer_object=core,
         pad_token=PAD,
@@ -23,4 +29,5 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
         unk_token=UNK,
         padding_side="left",
         model_max_length=4096,
+        clean_up_tokenization_spaces=False,
     )

@@ -17,7 +17,7 @@ import string
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from engine.policy.tokenizer import BOS, EOS, PAD, UNK
+from engine.policy.tokenizer import BOS, EOS, PAD, UNK, wrap
 
 # One pre-token each: a newline (its own token: the rollout loop stops generation at it); an
 # identifier or file name; a number with its sign; a two-character operator; one other symbol;
@@ -56,13 +56,4 @@ def build_word_tokenizer(words: list[str]) -> PreTrainedTokenizerFast:
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, ignore_merges=True))
     core.pre_tokenizer = split
     core.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD,
-        bos_token=BOS,
-        eos_token=EOS,
-        unk_token=UNK,
-        padding_side="left",
-        model_max_length=4096,
-        clean_up_tokenization_spaces=False,
-    )
+    return wrap(core)
