@@ -73,7 +73,7 @@ def test_swe_domain_trains_on_episodes_and_stores_every_turn(tmp_path: Path) -> 
         )
         train = [r for r in rows if r[0] == "train"]
         val = [r for r in rows if r[0] == "val"]
-        assert len(train) == 2 * 4 * 8 and len(val) == 8 * 2
+        assert len(train) == 2 * 4 * 8 and len(val) == 8 * 2  # 2 steps x 4 prompts x 8 samples
         for _, num_turns, calls, turns, length, components in rows:
             assert num_turns == len(json.loads(turns)) >= 1 and length >= 1
             assert len(calls) <= num_turns and {c["tool"] for c in calls} <= SWE_TOOLS

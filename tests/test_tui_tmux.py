@@ -23,12 +23,17 @@ def pane(session: str) -> str:
     return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True).stdout
 
 
-def wait_for(session: str, text: str, seconds: float) -> str:
+def wait_for(session: str, text: str, seconds: float, retry_key: str | None = None) -> str:
+    """The screen once `text` is on it; `retry_key` is pressed every 2 s meanwhile (a reload)."""
     deadline = time.monotonic() + seconds
+    pressed = time.monotonic()
     while time.monotonic() < deadline:
         screen = pane(session)
         if text in screen:
             return screen
+        if retry_key and time.monotonic() - pressed > 2:
+            keys(session, retry_key)
+            pressed = time.monotonic()
         time.sleep(0.5)
     raise AssertionError(f"{text!r} never appeared; the screen was:\n{pane(session)}")
 
@@ -67,9 +72,10 @@ def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspac
         wait_for(session, "Approve g1", 10)
         keys(session, "y")
         wait_for(session, "v1-train-1", 120)
-        # A rollout, opened: the browser lists v0's, enter puts the keys on the whole rollout.
+        # A rollout, opened: the browser shows the run being followed (v1's); its first rollouts
+        # arrive with its first step, so the browser is reloaded (r) until they are there.
         keys(session, "o")
-        wait_for(session, "rows 1-", 30)
+        wait_for(session, "rows 1-", 60, retry_key="r")
         wait_for(session, "── prompt", 10)
         keys(session, "z")
         wait_for(session, "── completion", 10)
