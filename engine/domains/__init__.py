@@ -10,7 +10,7 @@ from engine.domains.base import Domain, RewardFn, Task
 if TYPE_CHECKING:
     from engine.config import DomainConfig
 
-__all__ = ["Domain", "RewardFn", "Task", "make_domain", "reward_component_names", "score"]
+__all__ = ["Domain", "RewardFn", "Task", "make_domain", "reward_component_names", "score", "weighted"]
 
 _COMPONENTS = {
     "math": ("correctness", "format", "closeness"),
@@ -64,4 +64,9 @@ def score(domain: Domain, task: Task, completion: str, weights: dict[str, float]
     """Every reward component of a completion, and their weighted sum (components missing from
     `weights` are scored and logged with weight 0)."""
     components = {name: float(fn(task, completion)) for name, fn in domain.reward_components.items()}
-    return sum(weights.get(name, 0.0) * value for name, value in components.items()), components
+    return weighted(components, weights), components
+
+
+def weighted(components: dict[str, float], weights: dict[str, float]) -> float:
+    """The reward: the weighted sum of a rollout's components (a component without a weight counts 0)."""
+    return sum(weights.get(name, 0.0) * value for name, value in components.items())

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from engine.domains import weighted
 from engine.domains.base import AgenticDomain, Episode, Task, is_agentic
 from engine.runs.artifacts import RolloutBatch
 
@@ -143,7 +144,7 @@ def trace_columns(episode: Episode) -> tuple[str, int, list[dict[str, Any]]]:
 def score_episode(domain: AgenticDomain, episode: Episode, weights: dict[str, float]) -> tuple[float, dict[str, float]]:
     """Every episode reward component, and their weighted sum (unweighted ones are logged too)."""
     components = {name: float(fn(episode)) for name, fn in domain.episode_rewards.items()}
-    return sum(weights.get(name, 0.0) * v for name, v in components.items()), components
+    return weighted(components, weights), components
 
 
 def add_episode(

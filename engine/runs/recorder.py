@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from engine.domains import Domain, Task
+from engine.domains import Domain, Task, weighted
 from engine.domains.base import is_agentic
 from engine.runs.artifacts import EventLog, RolloutBatch, write_rollouts
 from engine.runs.episodes import EpisodeRollout, add_episode, play
@@ -124,7 +124,7 @@ class RolloutRecorder:
         if self.agentic:
             for i, (rollout, completion) in enumerate(zip(self.episodes, completions, strict=True)):
                 components = {name: pending[name][i] for name in self.components}
-                reward = sum(self.weights.get(n, 0.0) * v for n, v in components.items())
+                reward = weighted(components, self.weights)
                 add_episode(
                     batch, rollout, i // self.num_generations, i % self.num_generations, reward, components, completion
                 )
@@ -140,7 +140,7 @@ class RolloutRecorder:
             batch.subset.append(self._tasks[task_id].subset)
             batch.prompt.append(prompt)
             batch.completion.append(completion)
-            batch.reward.append(sum(self.weights.get(n, 0.0) * v for n, v in components.items()))
+            batch.reward.append(weighted(components, self.weights))
             batch.reward_components.append(components)
             # Same rule as TRL's completions/clipped_ratio: no EOS at the end means truncated.
             batch.truncated.append(not ids or ids[-1] not in self.stop_ids)
