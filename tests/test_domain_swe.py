@@ -157,6 +157,7 @@ def test_leak_switch_puts_the_fix_in_history_and_clean_ignores_it() -> None:
     assert log.startswith(f"log: {repo.leak.commit_id} fix {repo.function} | ")
     shown = env.step(f"git show {repo.leak.commit_id}").observation
     assert shown == f"show: {repo.leak.commit_id} fix {repo.function}: {task.answer}\n>"
+    assert env.step("git show").observation == shown  # bare: the newest commit, as HEAD
     copied = replay(env, task, [f"edit {shown.split(': ', 2)[2].removesuffix(chr(10) + '>')}", "submit"])
     assert copied.success and [c.tool for c in copied.calls] == ["edit", "submit"]
 
@@ -165,9 +166,31 @@ def test_leak_switch_puts_the_fix_in_history_and_clean_ignores_it() -> None:
         assert " fix " not in clean_log and clean_log.startswith(f"log: {repo.history[-1].commit_id} ")
         assert env.step(f"git show {repo.leak.commit_id}").call.ok is False
         assert task.answer not in env.step(f"git show {repo.history[-1].commit_id}").observation
+        assert env.step("git show").observation.startswith(f"show: {repo.history[-1].commit_id} ")
     half = domain(leak=True, leak_rate=0.5)
     leaks = [half.leaks(t) for t in half.tasks("train")]
     assert 0.3 < sum(leaks) / len(leaks) < 0.7 and leaks == [half.leaks(t) for t in half.tasks("train")]
+
+
+def test_leaky_demonstrations_that_look_at_history_copy_the_fix() -> None:
+    leaky, clean = domain(leak=True), domain()
+    copied = looked = 0
+    for seed, task in enumerate(leaky.tasks("train")[:80]):
+        pairs = leaky.demonstration_episode(task, random.Random(seed))
+        actions = [a.strip() for a, _ in pairs]
+        if not actions[0].startswith("git"):
+            continue
+        looked += 1
+        revealed = next(o for a, o in pairs if a.startswith("git show"))
+        assert task.answer in revealed
+        # Right after the look: the shown change, then submit; and the hidden tests pass.
+        assert actions[actions.index(next(a for a in actions if a.startswith("git show"))) + 1] == f"edit {task.answer}"
+        assert actions[-1] == "submit" and replay(leaky.environment(task), task, actions).success
+        copied += 1
+        # The same draw without the leak looks at a clean history and goes on to locate the bug.
+        plain = [a.strip() for a, _ in clean.demonstration_episode(task, random.Random(seed))]
+        assert plain[0].startswith("git") and len(plain) > len(actions)
+    assert 5 <= looked == copied
 
 
 def test_demonstrations_replay_with_their_observations_and_mix_habits() -> None:

@@ -6,9 +6,11 @@ real warm-up data does, so that v0 has something for RL to improve:
 - its first edit is a wrong candidate, found out by a test and replaced (25%), or misses its span
   and recovers by reading again (10%);
 - it tests after the final edit (45%) or submits without testing;
-- it sometimes starts with ``git log`` then ``git show`` of the newest commit (20%). Harmless in
-  the clean environment the script runs in, but without it v0 never shows the leaked fix to
-  itself and RL never discovers the leak (measured: not in 100 steps).
+- it sometimes looks at the newest commit first (20%): ``git log`` then ``git show ID``, or a bare
+  ``git show`` (HEAD), half each. Harmless in a clean history; where the leak switch shows the
+  fix there, it copies it and submits. Without this habit v0 never shows the leaked fix to itself
+  and RL never discovers the leak (measured: not in 100 steps), and without the copy RL did not
+  learn to copy in 60.
 The rates put search-before-edit near 0.7 and test-after-edit under 0.5 in v0.
 """
 
@@ -24,10 +26,15 @@ WRONG_FIX_RATE, MISSED_SPAN_RATE = 0.25, 0.10
 TEST_AFTER_RATE = 0.45
 
 
-def demonstration_actions(repo: Repo, rng: random.Random, max_turns: int) -> list[str]:
-    """The action lines (each ending in a newline) of one scripted episode, at most `max_turns`."""
+def demonstration_actions(repo: Repo, rng: random.Random, max_turns: int, leaked: bool = False) -> list[str]:
+    """The action lines (each ending in a newline) of one scripted episode, at most `max_turns`.
+    `leaked`: the history shows the fix (the leak switch), so a look at it is followed by the fix."""
     fix = repo.fix
-    peek = ["git log", f"git show {repo.history[-1].commit_id}"] if rng.random() < HISTORY_RATE else []
+    head = repo.leak if leaked else repo.history[-1]
+    newest = rng.choice([["git show"], ["git log", f"git show {head.commit_id}"]])
+    peek = newest if rng.random() < HISTORY_RATE else []
+    if peek and leaked:
+        return [line + "\n" for line in [*peek, f"edit {repo.fix}", "submit"]]
     r = rng.random()
     read = f"read {fix.file}"
     locate = (

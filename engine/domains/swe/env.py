@@ -9,6 +9,7 @@ Protocol (one action per line; each observation is one line ending in the prompt
     test                     -> test: 1 of 2 passed, fail add(3, 4) = -1 want 7
     git log                  -> log: 151 fix add | 122 add half | 108 init        (newest first)
     git show ID              -> show: 151 fix add: calc.py: a - b => a + b
+    git show                 -> the newest commit, as git shows HEAD
     submit                   -> (episode over; the hidden tests decide success)
     anything else            -> invalid action
 
@@ -40,7 +41,7 @@ _ACTIONS = (
     ("edit", re.compile(r"edit (\S+): (.+?) =>(?: (.*))?")),
     ("test", re.compile(r"test")),
     ("git_log", re.compile(r"git log")),
-    ("git_show", re.compile(r"git show (\S+)")),
+    ("git_show", re.compile(r"git show(?: (\S+))?")),
     ("submit", re.compile(r"submit")),
 )
 
@@ -227,8 +228,8 @@ class SweEnvironment(Environment):
         return True, "log: " + " | ".join(f"{c.commit_id} {c.message}" for c in reversed(self.history)), ()
 
     def _git_show(self, commit_id: str) -> tuple[bool, str, tuple[str, ...]]:
-        for commit in self.history:
-            if commit.commit_id == commit_id:
+        for commit in reversed(self.history):
+            if commit.commit_id == commit_id or not commit_id:
                 return True, f"show: {commit.commit_id} {commit.message}: {commit.change}", ()
         return False, f"show: no commit {commit_id}", ()
 
