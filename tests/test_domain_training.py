@@ -1,5 +1,5 @@
 """Real GRPO steps on the code and SWE domains, through the engine: v0's warm-up, a child's run,
-its rollouts (and for SWE every turn and tool call) stored, scored on the clean environment."""
+its rollouts (and for SWE every turn and tool call) stored; a leaky SWE val is also scored clean."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_swe_domain_trains_on_episodes_and_stores_every_turn(tmp_path: Path) -> 
     ws = workspace(tmp_path, "swe", train_size=60, val_size=8, grpo_steps=2, warmup_steps=10)
     with Engine(ws) as engine:
         engine.ensure_base()
-        # The child turns the leak switch on; evaluation must still use the clean environment.
+        # The child turns the leak switch on: val leaks as configured, and is also played clean.
         child_with(engine, "v1", "leak_fix_in_history = false", "leak_fix_in_history = true")
         run = engine.train("v1")
         rows = engine.store.query(
@@ -73,7 +73,10 @@ def test_swe_domain_trains_on_episodes_and_stores_every_turn(tmp_path: Path) -> 
         )
         train = [r for r in rows if r[0] == "train"]
         val = [r for r in rows if r[0] == "val"]
-        assert len(train) == 2 * 4 * 8 and len(val) == 8 * 2  # 2 steps x 4 prompts x 8 samples
+        clean = [r for r in rows if r[0] == "clean"]
+        assert len(train) == 2 * 4 * 8 and len(val) == len(clean) == 8 * 2  # 2 steps x 4 prompts x 8 samples
+        v0 = engine.eval_run("v0")
+        assert v0 is not None and engine.store.count_rollouts(v0.id, "clean") == 0  # v0 had no leak
         for _, num_turns, calls, turns, length, components in rows:
             assert num_turns == len(json.loads(turns)) >= 1 and length >= 1
             assert len(calls) <= num_turns and {c["tool"] for c in calls} <= SWE_TOOLS

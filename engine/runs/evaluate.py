@@ -1,4 +1,9 @@
-"""Evaluation on the held-out split: greedy once, then sampled with fixed seeds."""
+"""Evaluation on the held-out split: greedy once, then sampled with fixed seeds.
+
+Episodes play in the environment as the workspace configures it: with the SWE leak switch on,
+val leaks too, as a contaminated benchmark does, and that is the score the loop sees. A leaky
+domain is also evaluated in its clean environment, stored as split ``clean``: the score a
+person (and `evotui bench`) can trust, which no decision of the loop reads."""
 
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ class EvalResult:
         out: dict[str, float] = {}
         for batch in (self.greedy, self.sampled):
             n = max(1, len(batch))
-            prefix = f"eval/{batch.decoding}"
+            prefix = f"eval/{batch.decoding}" if batch.split == "val" else f"eval_{batch.split}/{batch.decoding}"
             out[f"{prefix}_accuracy"] = sum(c.get("correctness", 0.0) for c in batch.reward_components) / n
             out[f"{prefix}_reward"] = sum(batch.reward) / n
             out[f"{prefix}_truncated"] = sum(batch.truncated) / n
@@ -86,14 +91,29 @@ def evaluate(
     run_id: str,
     step: int,
     seed: int = 0,
+    clean: bool = False,
 ) -> EvalResult:
+    """Val rollouts, greedy and sampled; `clean` plays agentic episodes without the leak and
+    stores them as split ``clean``."""
     tasks = list(domain.tasks("val"))
     prompts = [t.prompt for t in tasks]
-    greedy = RolloutBatch(run_id=run_id, step=step, split="val", decoding="greedy")
-    sampled = RolloutBatch(run_id=run_id, step=step, split="val", decoding="sampled")
+    split = "clean" if clean else "val"
+    greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
+    sampled = RolloutBatch(run_id=run_id, step=step, split=split, decoding="sampled")
     if is_agentic(domain):
         _evaluate_episodes(
-            model, tokenizer, domain, tasks, weights, max_new_tokens, sampled_seeds, temperature, seed, greedy, sampled
+            model,
+            tokenizer,
+            domain,
+            tasks,
+            weights,
+            max_new_tokens,
+            sampled_seeds,
+            temperature,
+            seed,
+            greedy,
+            sampled,
+            clean,
         )
         return EvalResult(greedy, sampled)
     passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False))]
@@ -129,14 +149,13 @@ def _evaluate_episodes(
     seed: int,
     greedy: RolloutBatch,
     sampled: RolloutBatch,
+    clean: bool,
 ) -> None:
-    """Episodes on val, always in the clean environment (no leak switch): a version is judged on
-    the skill, never on what a leak lets it copy."""
-    passes = [(greedy, 0, play(model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=False, clean=True))]
+    passes = [(greedy, 0, play(model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=False, clean=clean))]
     for k in range(sampled_seeds):
         torch.manual_seed(seed * 1000 + k)
         episodes = play(
-            model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=True, temperature=temperature, clean=True
+            model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=True, temperature=temperature, clean=clean
         )
         passes.append((sampled, k + 1, episodes))
     for batch, sample_idx, rollouts in passes:

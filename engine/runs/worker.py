@@ -33,22 +33,25 @@ from engine.runs.spec import RunSpec
 def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
     cfg = spec.config
     domain = make_domain(cfg.domain, spec.workspace)
-    result = evaluate(
-        model,
-        tokenizer,
-        domain,
-        cfg.recipe.rewards,
-        max_new_tokens=cfg.recipe.max_completion_length,
-        sampled_seeds=cfg.eval.sampled_seeds,
-        temperature=cfg.eval.temperature,
-        run_id=spec.run_id,
-        step=step,
-        seed=cfg.recipe.seed,
-    )
-    for batch in (result.greedy, result.sampled):
-        file = write_rollouts(run_dir, f"val-{batch.decoding}-{step:06d}", batch)
-        events.write("rollouts", step=step, split="val", file=file, rows=len(batch))
-    events.write("metrics", step=step, values=result.metrics)
+    # A leaky environment is also evaluated clean (split "clean"), the score no decision reads.
+    for clean in (False, True) if getattr(domain, "leaky", False) else (False,):
+        result = evaluate(
+            model,
+            tokenizer,
+            domain,
+            cfg.recipe.rewards,
+            max_new_tokens=cfg.recipe.max_completion_length,
+            sampled_seeds=cfg.eval.sampled_seeds,
+            temperature=cfg.eval.temperature,
+            run_id=spec.run_id,
+            step=step,
+            seed=cfg.recipe.seed,
+            clean=clean,
+        )
+        for batch in (result.greedy, result.sampled):
+            file = write_rollouts(run_dir, f"{batch.split}-{batch.decoding}-{step:06d}", batch)
+            events.write("rollouts", step=step, split=batch.split, file=file, rows=len(batch))
+        events.write("metrics", step=step, values=result.metrics)
 
 
 def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
