@@ -3,11 +3,13 @@ backend fallback. Everything here runs without training; the real loop is the sl
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import tomli_w
 
 from engine.coach.backends.base import AnalyzerSpec, BackendError, ModelCall, PlanningContext, Proposals
 from engine.coach.backends.offline import OfflinePlanner, feedback_preferences
@@ -74,6 +76,24 @@ def test_the_planner_answers_the_bottleneck_with_different_factors() -> None:
     assert len({f for iv in proposals.interventions for f in iv.factors}) == 2
     assert all("rule:insufficient_signal" in iv.evidence for iv in proposals.interventions)
     assert "finding:signal.dead_group_ratio" in proposals.interventions[0].evidence
+
+
+def test_a_leak_closes_the_history_and_turn_loops_draw_the_efficiency_reward() -> None:
+    text = '[workspace]\nname = "t"\n[domain]\nname = "swe"\nleak_fix_in_history = true\n'
+    swe = parse_config(text + "[recipe.rewards]\ncorrectness = 1.0\n", Path("t.toml"))
+    leaked = replace(context([rule("leak", "critical")], branches=1), parent_config=swe, domain="swe")
+    (iv,) = OfflinePlanner().propose(leaked).interventions
+    assert (iv.template, iv.kind, iv.changes) == ("close_leak", "environment", {"domain.leak_fix_in_history": False})
+    _, child = apply(iv, tomli_w.dumps(swe.model_dump(mode="json", exclude_none=True)), Path("c.toml"))
+    assert child.domain.leak_fix_in_history is False  # type: ignore[union-attr]
+
+    looping = replace(leaked, diagnosis={"id": "d", "rules": [rule("echo_trap")], "findings": []})
+    (iv,) = OfflinePlanner().propose(looping).interventions
+    assert iv.template == "efficiency_reward" and iv.changes["recipe.rewards"]["efficiency"] > 0
+    # Math has no efficiency component and no history: neither template applies there.
+    math = context([rule("echo_trap"), rule("leak", "critical")], branches=3)
+    templates = {iv.template for iv in OfflinePlanner().propose(math).interventions}
+    assert templates and templates.isdisjoint({"efficiency_reward", "close_leak"})
 
 
 def test_the_planner_skips_what_was_tried_and_what_case_memory_says_failed() -> None:

@@ -270,6 +270,24 @@ CATALOG: list[Template] = [
         "truncated completions lose their final answer; a longer budget lets them finish",
     ),
     Template(
+        "efficiency_reward",
+        "reward",
+        ("echo_trap", "truncation"),
+        False,
+        lambda c, _: _rewards(c, efficiency=0.5) if "efficiency" not in c.recipe.rewards else None,
+        "a bonus for fewer turns (1 - 0.3 * turns / max_turns) ends loops of repeated actions and leaves the"
+        " turn and token budget to the fix",
+    ),
+    Template(
+        "close_leak",
+        "environment",
+        ("leak",),
+        True,
+        lambda c, _: {"domain.leak_fix_in_history": False} if getattr(c.domain, "leak_fix_in_history", False) else None,
+        "the fix sits in the repository's history, so success measures copying it; with a clean history the"
+        " score measures the skill again",
+    ),
+    Template(
         "dr_grpo",
         "optimizer",
         ("length_gaming",),

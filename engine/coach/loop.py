@@ -271,9 +271,9 @@ class Coach:
         rules = [r["rule"] for r in (diagnosis or {}).get("rules", [])]
         signature = failure_signature(diagnosis)
         cases = self.memory.cases(signature, domain)
-        skills = self.skills.match(rules, domain)
-        if not skills and rnd["escalated"]:
-            skills = self.skills.match(rules, domain, cross_domain=True)
+        # Cards validated in this domain first; without one, cards validated in other domains,
+        # whose template the planner re-applies to this domain's config (the adaptation).
+        skills = self.skills.match(rules, domain) or self.skills.match(rules, domain, cross_domain=True)
         bottleneck = (diagnosis or {}).get("rules", [{}])[0] if rules else {}
         query = (
             " ".join(
@@ -602,8 +602,8 @@ class Coach:
     # -- escalation ------------------------------------------------------------------------------
     def _escalate(self, round_id: int, failures: int) -> None:
         """After `escalate_after` failures: re-validate the harness on past outcomes, then let the
-        planner switch layers, prefer removing over adding, and consult cross-domain skills; the
-        round branches from the last good version (the best promoted one)."""
+        planner switch layers and prefer removing over adding; the round branches from the last
+        good version (the best promoted one)."""
         rows = self.store.query(
             """
             WITH latest AS (

@@ -3,10 +3,11 @@
 A skill card records one intervention (a catalog template and its changes) together with the
 rules that made it relevant and every version that validated it. The coach consults the library
 before its catalog: a card validated in the current domain is stronger evidence than a template
-that merely fits the diagnosis, and a card validated only in other domains is the fallback once
-the coach's own attempts have failed. Cards are Markdown with YAML front matter so a person can
-read, edit or delete them; that is also why a broken card must produce an error naming the file
-and the field, and why the coach's own reads (`load_valid`, `match`) never raise.
+that merely fits the diagnosis, and a card validated only in other domains is the fallback when
+no card of this domain matches (its template is re-applied to this domain's config). Cards are
+Markdown with YAML front matter so a person can read, edit or delete them; that is also why a
+broken card must produce an error naming the file and the field, and why the coach's own reads
+(`load_valid`, `match`) never raise.
 """
 
 from __future__ import annotations

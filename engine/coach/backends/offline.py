@@ -40,6 +40,8 @@ _TERMS = {
     "drop_shaping": {"shaping", "shaped"},
     "format_weight": {"format"},
     "dr_grpo": {"dr. grpo", "dr_grpo", "length normalization"},
+    "efficiency_reward": {"efficiency", "fewer turns"},
+    "close_leak": {"leak", "history"},
 }
 
 
