@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 CONFIG_FILE = "workspace.toml"
 
@@ -267,6 +267,36 @@ class CoachConfig(_Section):
     escalate_after: int = Field(3, ge=1, description="Consecutive failures after which the coach escalates.")
 
 
+class BenchConfig(_Section):
+    """`evotui bench`: the autonomy benchmark's arms on this workspace (docs/bench.md)."""
+
+    budget_steps: int = Field(
+        60, ge=1, description="GRPO steps each arm may train; the hand recipe trains one version of all of them."
+    )
+    version_steps: int = Field(20, ge=1, description="recipe.steps of the loops' versions (their budget is shared).")
+    seeds: list[int] = Field([0, 1], min_length=1, description="recipe.seed of each repetition of the arms.")
+    val_size: int | None = Field(None, ge=1, description="Val tasks of the benchmark's versions (unset: [domain]).")
+    leak_rate: float = Field(
+        0.0, ge=0, le=1, description="SWE: the arms start with the leak switch on for this share of tasks (0: off)."
+    )
+    transfer_from: Literal["", "sample", "code"] = Field(
+        "", description="Template whose one-round full loop runs first; its skills are offered to the full loop."
+    )
+    hand_recipe: dict[str, Any] = Field(
+        default_factory=dict, description="[recipe] fields of the hand-made recipe, over this workspace's [recipe]."
+    )
+    quick_budget_steps: int = Field(8, ge=1, description="--quick: GRPO steps per arm.")
+    quick_version_steps: int = Field(4, ge=1, description="--quick: recipe.steps of the loops' versions.")
+    quick_warmup_steps: int = Field(200, ge=1, description="--quick: warm-up steps of v0.")
+    quick_val_size: int = Field(32, ge=1, description="--quick: val tasks.")
+
+    @field_validator("hand_recipe")
+    @classmethod
+    def _recipe_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        RecipeConfig.model_validate({**value, "steps": 1})  # names the wrong field, as [recipe] would
+        return value
+
+
 class WorkspaceConfig(_Section):
     workspace: WorkspaceMeta
     domain: DomainConfig = MathDomainConfig()
@@ -277,6 +307,7 @@ class WorkspaceConfig(_Section):
     budget: BudgetConfig = BudgetConfig()
     gates: GatesConfig = GatesConfig()
     coach: CoachConfig = CoachConfig()
+    bench: BenchConfig = BenchConfig()
 
     @model_validator(mode="after")
     def _reward_components_exist(self) -> WorkspaceConfig:

@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from engine.api import queries
@@ -442,6 +443,55 @@ def engine_cmd(
         asyncio.run(serve(root))
     except (*USER_ERRORS, EngineError, EngineRunningError, RuntimeError) as exc:
         _fail(exc)
+
+
+def _seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r}: expected seeds like 0,1,2") from None
+
+
+@app.command()
+def bench(
+    workspace: WorkspaceArg,
+    quick: Annotated[bool, typer.Option("--quick", help="The CI-sized run: one seed, a few steps per arm.")] = False,
+    budget: Annotated[
+        int | None, typer.Option(min=1, help="GRPO steps per arm (default: [bench] budget_steps).")
+    ] = None,
+    seeds: Annotated[str | None, typer.Option(help="Comma-separated seeds (default: [bench] seeds).")] = None,
+) -> None:
+    """The autonomy benchmark: base, hand recipe, score-only loop and full loop on the same v0,
+    data and step budget, scored on the clean environment. Writes a Markdown report with a
+    plot per arm, prints it here, and stores the results in the workspace's store."""
+    from engine.bench.report import main_table, store_results, write_report
+    from engine.bench.runner import BenchError, BenchSettings, run_bench
+    from engine.store import Store
+
+    try:
+        ws = Workspace.open(workspace)
+        if engine_socket(ws.root) is not None:
+            raise BenchError(f"an engine serves {ws.root}; stop it first (`evotui engine {ws.root} --stop`)")
+        config = ws.load_config()
+        settings = BenchSettings.from_config(config, quick=quick, budget=budget, seeds=_seeds(seeds))
+        run = run_bench(ws.root, settings, say=lambda line: console.print(line, highlight=False))
+        path, found, plots = write_report(run, config.domain.name)
+        with Store(ws.db_path) as store:
+            store_results(store, run, found, path.read_text(encoding="utf-8"))
+    except (*USER_ERRORS, BenchError) as exc:
+        _fail(exc)
+    head, *rows = main_table(run.results)
+    table = Table(*head, title=f"{run.bench_id}: clean held-out scores", box=box.SIMPLE_HEAD)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    for f in found:
+        console.print(f"[bold]{f.title}[/]: {f.verdict()}", highlight=False)
+    for plot in plots.values():
+        console.print(Text.from_ansi(plot))
+    console.print(f"report: {path}")
 
 
 @app.command()

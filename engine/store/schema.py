@@ -230,6 +230,34 @@ MIGRATIONS: list[str] = [
     WHERE rollouts.run_id = g.run_id AND rollouts.split = g.split AND rollouts.decoding = g.decoding
       AND rollouts.step = g.step AND rollouts.group_id = g.group_id;
     """,
+    # 5: `evotui bench`: one row per seed and arm, one report per invocation.
+    """
+    CREATE TABLE bench_results (
+        bench_id        VARCHAR NOT NULL,
+        seed            INTEGER NOT NULL,
+        arm             VARCHAR NOT NULL,     -- base, hand, score-only, full
+        final_version   VARCHAR NOT NULL,     -- the arm's answer: its best promoted version (hand: v1)
+        clean_greedy    DOUBLE,               -- val correctness on the clean environment
+        clean_sampled   DOUBLE,
+        clean_halfwidth DOUBLE,               -- 95% noise floor of clean_sampled over val tasks
+        seen_greedy     DOUBLE,               -- val as the arm saw it (leaky while the switch was on)
+        versions        INTEGER NOT NULL,
+        steps           INTEGER NOT NULL,     -- GRPO steps the arm trained
+        cpu_seconds     DOUBLE NOT NULL,
+        wall_seconds    DOUBLE NOT NULL,
+        details         JSON NOT NULL,        -- every version: change, scores, rules, decision
+        workspace       VARCHAR NOT NULL,     -- the arm's clone
+        created_at      TIMESTAMP NOT NULL DEFAULT current_timestamp,
+        PRIMARY KEY (bench_id, seed, arm)
+    );
+    CREATE TABLE bench_reports (
+        bench_id   VARCHAR PRIMARY KEY,
+        settings   JSON NOT NULL,
+        findings   JSON NOT NULL,
+        report     VARCHAR NOT NULL,          -- the Markdown report
+        created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,96 @@
+"""The autonomy benchmark: `evotui bench` on a workspace made from the SWE template.
+
+    .venv/bin/python benchmarks/autonomy.py [--quick] [--workspace WS] [--check]
+
+Without --workspace, a fresh workspace from the SWE template (its `[bench]` section: budget, seeds,
+leak rate, hand recipe, transfer template) in a temporary folder. Prints the main table, the
+findings and a plot per arm (the CLI's output), then the report's path.
+
+--check exits non-zero unless the report has its table and every finding section, every arm has
+a clean score, the full loop promoted no version that fired `leak` or a collapse rule, and the
+run kept to its time budget (quick: 10 minutes, full: 60). CI runs `--quick --check`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EVOTUI = [str(Path(sys.executable).parent / "evotui")]
+SECTIONS = ("main", "leak", "efficiency", "backtest", "transfer", "compute")
+#: Rules that stand against a promotion: a leak and the collapse an efficiency reward brings.
+BLOCKING = {"leak", "shortcut_collapse", "exploration_collapse", "laziness", "reward_hacking"}
+
+
+def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
+    """What is wrong with a finished benchmark (empty: nothing)."""
+    problems = []
+    report = (bench_dir / "report.md").read_text(encoding="utf-8")
+    data = json.loads((bench_dir / "results.json").read_text(encoding="utf-8"))
+    if "| arm | clean greedy |" not in report:
+        problems.append("report.md has no main table")
+    names = [f["name"] for f in data["findings"]]
+    if names != list(SECTIONS):
+        problems.append(f"findings are {names}, expected {list(SECTIONS)}")
+    for f in data["findings"]:
+        if f"## {f['title']}" not in report:
+            problems.append(f"report.md lacks the section {f['title']!r}")
+    seeds = data["settings"]["seeds"]
+    arms = {(r["seed"], r["arm"]) for r in data["results"]}
+    for seed in seeds:
+        for arm in ("base", "hand", "score-only", "full"):
+            if (seed, arm) not in arms:
+                problems.append(f"seed {seed}: no result for arm {arm}")
+    for r in data["results"]:
+        if r["clean_greedy"] is None:
+            problems.append(f"seed {r['seed']}, {r['arm']}: no clean score")
+        if r["arm"] != "full":
+            continue
+        for v in r["versions"]:
+            blocking = BLOCKING.intersection(v["rules"])
+            if v["decision"] == "promoted" and blocking and v["parent"] is not None:
+                problems.append(f"seed {r['seed']}: the full loop promoted {v['name']} despite {sorted(blocking)}")
+    limit = 600 if quick else 3600
+    if seconds > limit:
+        problems.append(f"took {seconds:.0f} s, over the {limit} s budget")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="The CI-sized run (one seed, a few steps per arm).")
+    parser.add_argument("--workspace", type=Path, help="An existing workspace (default: a fresh SWE one).")
+    parser.add_argument("--check", action="store_true", help="Fail unless the report is complete and consistent.")
+    args = parser.parse_args()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    ws = args.workspace
+    if ws is None:
+        ws = Path(tempfile.mkdtemp(prefix="evotui-autonomy-")) / "ws"
+        subprocess.run([*EVOTUI, "init", str(ws), "--from", "swe"], check=True, env=env, cwd=ROOT)
+    started = time.perf_counter()
+    command = [*EVOTUI, "bench", str(ws)] + (["--quick"] if args.quick else [])
+    done = subprocess.run(command, env=env, cwd=ROOT)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        return done.returncode
+    bench_dir = max((ws / ".evotrainer" / "bench").iterdir(), key=lambda p: p.name)
+    print(f"{'quick' if args.quick else 'full'} benchmark: {seconds / 60:.1f} minutes; {bench_dir / 'report.md'}")
+    if args.check:
+        problems = check(bench_dir, seconds, args.quick)
+        for p in problems:
+            print(f"check failed: {p}")
+        if problems:
+            return 1
+        print("check passed: table, every finding section, clean scores, no blocked promotion, time budget")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

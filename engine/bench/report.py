@@ -1,0 +1,481 @@
+"""The benchmark's findings, from the arms' stores, and its report: Markdown with a table, a PNG
+plot per arm, and the same plots for a terminal.
+
+Every finding is computed, never asserted: each says what was looked for, what the stores show,
+and whether it holds on each seed ("not observed" is a result like any other).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.bench.runner import ArmResult, BenchRun
+from engine.store import Store
+from engine.workspace import Workspace
+
+#: A collapse: one-step submissions in at least this share of the last quarter's rollouts and at
+#: least twice the share of the first quarter's.
+COLLAPSE_SHARE = 0.3
+
+
+@dataclass
+class Finding:
+    name: str
+    title: str
+    holds: dict[int, bool | None] = field(default_factory=dict)  # seed -> holds (None: not applicable)
+    lines: list[str] = field(default_factory=list)
+
+    def verdict(self) -> str:
+        values = [v for v in self.holds.values() if v is not None]
+        if not values:
+            return "not observed"
+        if all(values):
+            return f"holds on every seed ({len(values)})"
+        return f"holds on {sum(values)} of {len(values)} seeds"
+
+
+def _store(result: ArmResult) -> Store:
+    return Store(Workspace(Path(result.workspace)).db_path)
+
+
+def _by_seed(results: list[ArmResult]) -> dict[int, dict[str, ArmResult]]:
+    out: dict[int, dict[str, ArmResult]] = {}
+    for r in results:
+        out.setdefault(r.seed, {})[r.arm] = r
+    return out
+
+
+def _fmt(x: float | None, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# -- findings --------------------------------------------------------------------------------------
+def leak_finding(results: list[ArmResult]) -> Finding:
+    f = Finding("leak", "The leak: high scores copied from history, caught by the full loop")
+    for seed, arms in _by_seed(results).items():
+        flagged = {a: [v for v in r.versions if "leak" in v.rules] for a, r in arms.items()}
+        full = flagged.get("full", [])
+        for arm, versions in flagged.items():
+            for v in versions:
+                f.lines.append(
+                    f"seed {seed}, {arm}: {v.name} ({v.change}) fires `leak`; val as seen {_fmt(v.seen_greedy)}, "
+                    f"clean {_fmt(v.clean_greedy)}; {v.decision}: {v.reason}"
+                )
+        if not full:
+            f.holds[seed] = None
+            f.lines.append(f"seed {seed}: no version of the full loop fired `leak`")
+            continue
+        f.holds[seed] = not any(v.decision == "promoted" for v in full)
+    return f
+
+
+def _one_step_share(store: Store, run_id: str) -> tuple[float | None, float | None, float | None, float | None]:
+    """(first-quarter, last-quarter) share of train rollouts that submitted in one turn, and the
+    same quarters' share of distinct completions within a group."""
+    row = store.query_one(
+        """
+        WITH t AS (SELECT * FROM rollouts WHERE run_id = $run AND split = 'train'),
+        q AS (SELECT *, CASE WHEN step <= 0.25 * (SELECT max(step) FROM t) THEN 'first'
+                             WHEN step > 0.75 * (SELECT max(step) FROM t) THEN 'last' END AS quarter FROM t),
+        g AS (SELECT quarter, count(DISTINCT completion) / count(*) AS distinct_share
+              FROM q WHERE quarter IS NOT NULL GROUP BY quarter, step, group_id)
+        SELECT avg((num_turns <= 1)::INT) FILTER (WHERE quarter = 'first'),
+               avg((num_turns <= 1)::INT) FILTER (WHERE quarter = 'last'),
+               (SELECT avg(distinct_share) FROM g WHERE quarter = 'first'),
+               (SELECT avg(distinct_share) FROM g WHERE quarter = 'last')
+        FROM q
+        """,
+        {"run": run_id},
+    )
+    return tuple(row) if row else (None, None, None, None)  # type: ignore[return-value]
+
+
+def efficiency_finding(results: list[ArmResult]) -> Finding:
+    f = Finding("efficiency", "The efficiency reward: collapse into one-step submissions, rejected")
+    for seed, arms in _by_seed(results).items():
+        seen = False
+        ok = True
+        for arm, r in arms.items():
+            for v in r.versions:
+                if v.template != "efficiency_reward":
+                    continue
+                seen = True
+                store = _store(r)
+                try:
+                    run = store.query_one(
+                        "SELECT id FROM runs WHERE version = ? AND kind = 'train' ORDER BY started_at DESC LIMIT 1",
+                        [v.name],
+                    )
+                    first, last, d_first, d_last = _one_step_share(store, run[0]) if run else (None,) * 4
+                finally:
+                    store.close()
+                collapsed = last is not None and last >= COLLAPSE_SHARE and last >= 2 * (first or 0)
+                f.lines.append(
+                    f"seed {seed}, {arm}: {v.name} adds the efficiency reward; one-step submissions "
+                    f"{_fmt(first, 2)} -> {_fmt(last, 2)} of train rollouts, distinct completions per group "
+                    f"{_fmt(d_first, 2)} -> {_fmt(d_last, 2)}; clean {_fmt(v.clean_greedy)}; rules "
+                    f"{', '.join(v.rules) or 'none'}; {v.decision} after {v.steps} steps"
+                    + ("" if collapsed else " (no collapse by this measure)")
+                )
+                if arm == "full":
+                    ok = ok and collapsed and v.decision != "promoted"
+        f.holds[seed] = ok if _full_tried(arms, "efficiency_reward") else None
+        if not seen:
+            f.lines.append(f"seed {seed}: no arm proposed the efficiency reward")
+    return f
+
+
+def _full_tried(arms: dict[str, ArmResult], template: str) -> bool:
+    return any(v.template == template for v in arms["full"].versions) if "full" in arms else False
+
+
+def backtest_finding(results: list[ArmResult]) -> Finding:
+    f = Finding("backtest", "A backtest that predicted a dead-group revival, and the run that tested it")
+    for seed, arms in _by_seed(results).items():
+        r = arms.get("full")
+        if r is None:
+            continue
+        store = _store(r)
+        try:
+            rows = store.query(
+                """
+                WITH p AS (SELECT unnest(CAST(proposals AS JSON[])) AS p FROM rounds),
+                b AS (SELECT p ->> 'version' AS version, p -> 'backtest' ->> 'id' AS bt FROM p
+                      WHERE p -> 'backtest' ->> 'id' IS NOT NULL)
+                SELECT b.version, t.kind, t.run_id, t.result ->> 'dead_before', t.result ->> 'dead_after',
+                       t.result ->> 'revived',
+                       (SELECT avg(d) FROM (SELECT (max(group_std) < 1e-3)::INT AS d FROM rollouts o
+                        JOIN runs x ON x.id = o.run_id
+                        WHERE x.version = b.version AND x.kind = 'train' AND o.split = 'train'
+                        GROUP BY o.run_id, o.step, o.group_id))
+                FROM b JOIN backtests t ON t.id = b.bt
+                """
+            )
+        finally:
+            store.close()
+        tested = []
+        for version, kind, run_id, before, after, revived, child_dead in rows:
+            before = float(before) if before is not None else None
+            predicted = revived is not None and float(revived) > 0
+            if version is None or child_dead is None or before is None:
+                f.lines.append(f"seed {seed}: {kind} backtest on {run_id} predicted revival {revived}; no run followed")
+                continue
+            confirmed = child_dead < before
+            tested.append(predicted and confirmed if predicted else None)
+            f.lines.append(
+                f"seed {seed}: {kind} backtest on {run_id}: dead groups {_fmt(before, 2)} -> {_fmt(float(after), 2)}"
+                f" predicted ({_fmt(float(revived) if revived else 0.0, 2)} revived); {version}'s run had "
+                f"{_fmt(child_dead, 2)} dead: {'confirmed' if confirmed else 'refuted'}"
+            )
+        predicted_runs = [t for t in tested if t is not None]
+        f.holds[seed] = any(predicted_runs) if predicted_runs else None
+        if not rows:
+            f.lines.append(f"seed {seed}: the full loop ran no reward or filter backtest")
+    return f
+
+
+def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) -> Finding:
+    f = Finding("transfer", "Skill transfer: a skill learned in one domain retrieved and adapted in another")
+    if not offered:
+        f.lines.append("no skill from another domain was offered (set [bench] transfer_from; not in --quick)")
+        return f
+    for seed, arms in _by_seed(results).items():
+        r = arms.get("full")
+        if r is None:
+            continue
+        store = _store(r)
+        try:
+            rows = store.query(
+                """SELECT v.name, i.source, i.change, v.state FROM interventions i JOIN versions v ON v.name = i.version
+                   WHERE i.source LIKE 'skill:%' ORDER BY v.created_at"""
+            )
+        finally:
+            store.close()
+        used = [(n, s.split(":", 1)[1], c, st) for n, s, c, st in rows if s.split(":", 1)[1] in offered]
+        for name, card, change, state in used:
+            f.lines.append(
+                f"seed {seed}: {name} applied skill `{card}` (learned outside {domain}) as {change}: {state}"
+            )
+        f.holds[seed] = bool(used)
+        if not used:
+            f.lines.append(f"seed {seed}: the full loop retrieved none of the offered cards ({', '.join(offered)})")
+    return f
+
+
+def compute_finding(results: list[ArmResult]) -> Finding:
+    f = Finding("compute", "Compute: the full loop's steps and CPU seconds to promote the hand recipe's score")
+    for seed, arms in _by_seed(results).items():
+        full, hand = arms.get("full"), arms.get("hand")
+        if full is None or hand is None or hand.clean_greedy is None:
+            continue
+        steps = cpu = 0.0
+        reached = None
+        for v in full.versions:
+            if v.parent is None:
+                continue
+            steps += v.steps
+            cpu += v.cpu_seconds or 0.0
+            if v.decision == "promoted" and v.clean_greedy is not None and v.clean_greedy >= hand.clean_greedy:
+                reached = v
+                break
+        if reached is None:
+            f.holds[seed] = False
+            f.lines.append(
+                f"seed {seed}: the full loop promoted no version at the hand recipe's clean greedy "
+                f"{_fmt(hand.clean_greedy)} "
+                f"({full.steps} steps, {full.cpu_seconds:.0f} CPU s used; hand: {hand.steps} steps, "
+                f"{hand.cpu_seconds:.0f} CPU s)"
+            )
+        else:
+            f.holds[seed] = True
+            f.lines.append(
+                f"seed {seed}: {reached.name}, promoted, reached clean greedy {_fmt(reached.clean_greedy)} >= hand "
+                f"{_fmt(hand.clean_greedy)} after {steps:.0f} steps and {cpu:.0f} CPU s (hand: {hand.steps} steps, "
+                f"{hand.cpu_seconds:.0f} CPU s)"
+            )
+    return f
+
+
+def main_finding(results: list[ArmResult]) -> Finding:
+    f = Finding("main", "Main result: the full loop's clean score against score-only, hand recipe and base")
+    for seed, arms in _by_seed(results).items():
+        full = arms.get("full")
+        others = [a for a in ("score-only", "hand", "base") if a in arms]
+        if full is None or full.clean_greedy is None:
+            continue
+        beaten = [a for a in others if (arms[a].clean_greedy or 0) < full.clean_greedy]
+        f.holds[seed] = len(beaten) == len(others)
+        f.lines.append(
+            f"seed {seed}: full {_fmt(full.clean_greedy)} vs "
+            + ", ".join(f"{a} {_fmt(arms[a].clean_greedy)}" for a in others)
+            + ("" if f.holds[seed] else f" (the full loop does not beat {', '.join(set(others) - set(beaten))})")
+        )
+    return f
+
+
+def findings(run: BenchRun, domain: str) -> list[Finding]:
+    r = run.results
+    return [
+        main_finding(r),
+        leak_finding(r),
+        efficiency_finding(r),
+        backtest_finding(r),
+        transfer_finding(r, domain, run.transfer),
+        compute_finding(r),
+    ]
+
+
+# -- the table and the plots ------------------------------------------------------------------------
+def _mean_sd(values: Iterable[float | None]) -> str:
+    xs = [x for x in values if x is not None]
+    if not xs:
+        return "-"
+    return f"{statistics.mean(xs):.3f}" + (f" ± {statistics.stdev(xs):.3f}" if len(xs) > 1 else "")
+
+
+def main_table(results: list[ArmResult]) -> list[list[str]]:
+    """Rows per arm over seeds: clean greedy (mean ± sd over seeds), clean sampled with its noise
+    floor, val as the arm saw it, versions, steps, CPU seconds, decisions."""
+    rows = [
+        [
+            "arm",
+            "clean greedy",
+            "clean sampled (±95%)",
+            "val as seen",
+            "versions",
+            "GRPO steps",
+            "CPU s",
+            "decisions",
+        ]
+    ]
+    for arm in dict.fromkeys(r.arm for r in results):
+        rs = [r for r in results if r.arm == arm]
+        decisions: dict[str, int] = {}
+        for r in rs:
+            for v in r.versions:
+                if v.parent is not None:
+                    decisions[v.decision] = decisions.get(v.decision, 0) + 1
+        sampled = statistics.mean([r.clean_sampled for r in rs if r.clean_sampled is not None] or [float("nan")])
+        floor = statistics.mean([r.clean_halfwidth for r in rs if r.clean_halfwidth is not None] or [float("nan")])
+        rows.append(
+            [
+                arm,
+                _mean_sd(r.clean_greedy for r in rs),
+                f"{sampled:.3f} ± {floor:.3f}",
+                _mean_sd(r.seen_greedy for r in rs),
+                f"{statistics.mean(sum(v.parent is not None for v in r.versions) for r in rs):.1f}",
+                f"{statistics.mean(r.steps for r in rs):.0f}",
+                f"{statistics.mean(r.cpu_seconds for r in rs):.0f}",
+                ", ".join(f"{n} {k}" for k, n in sorted(decisions.items())) or "-",
+            ]
+        )
+    return rows
+
+
+def _series(r: ArmResult) -> tuple[list[str], list[float | None], list[float | None], list[float | None]]:
+    versions = r.versions
+    return (
+        [v.name for v in versions],
+        [v.train_reward for v in versions],
+        [v.seen_greedy for v in versions],
+        [v.clean_greedy for v in versions],
+    )
+
+
+def _low(results: list[ArmResult], arm: str) -> float:
+    """The plots' lower bound: 0, or the lowest reward (penalties make rewards negative)."""
+    values = [v.train_reward for r in results if r.arm == arm for v in r.versions if v.train_reward is not None]
+    return min([0.0, *values])
+
+
+def plot_png(results: list[ArmResult], arm: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    for r in (r for r in results if r.arm == arm):
+        names, reward, seen, clean = _series(r)
+        x = list(range(len(names)))
+        ax.plot(x, [float("nan") if y is None else y for y in reward], "o-", label=f"train reward (seed {r.seed})")
+        ax.plot(x, [float("nan") if y is None else y for y in seen], "s--", label=f"val as seen (seed {r.seed})")
+        ax.plot(x, [float("nan") if y is None else y for y in clean], "^-", label=f"clean greedy (seed {r.seed})")
+        ax.set_xticks(x, names)
+    ax.set_title(f"{arm}: reward and clean score over versions")
+    ax.set_xlabel("version (creation order)")
+    ax.set_ylim(_low(results, arm) - 0.05, 1.05)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_terminal(results: list[ArmResult], arm: str, width: int = 72, height: int = 14) -> str:
+    import plotext as plt
+
+    plt.clear_figure()
+    plt.plotsize(width, height)
+    plt.theme("clear")
+    for r in (r for r in results if r.arm == arm):
+        names, reward, _, clean = _series(r)
+        x = list(range(len(names)))
+        plt.xticks(x, names)
+        for label, ys in ((f"reward s{r.seed}", reward), (f"clean s{r.seed}", clean)):
+            pts = [(i, y) for i, y in zip(x, ys, strict=True) if y is not None]
+            if pts:
+                plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="dot")
+    plt.title(f"{arm}: reward and clean score over versions")
+    plt.ylim(_low(results, arm), 1)
+    return str(plt.build())
+
+
+def _markdown_table(rows: list[list[str]]) -> str:
+    head, *body = rows
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def render(run: BenchRun, domain: str, found: list[Finding], plots: dict[str, Path]) -> str:
+    s = run.settings
+    out = [
+        f"# Autonomy benchmark {run.bench_id}",
+        "",
+        f"Domain `{domain}`; seeds {', '.join(map(str, s.seeds))}; budget {s.budget_steps} GRPO steps per arm "
+        f"(loop versions of {s.version_steps}); {'quick' if s.quick else 'full'} mode; "
+        f"{run.seconds / 60:.1f} minutes in all. Scores are on the clean environment"
+        + (f" (the arms trained with the leak on {s.leak_rate:.0%} of tasks)" if s.leak_rate else "")
+        + ". ± after a greedy score is its spread over seeds; after a sampled score, the 95% noise floor over"
+        " val tasks.",
+        "",
+        _markdown_table(main_table(run.results)),
+        "",
+    ]
+    for f in found:
+        out += [f"## {f.title}", "", f"**{f.verdict()}**", ""]
+        out += [f"- {line}" for line in f.lines] + [""]
+    out += ["## Versions", ""]
+    rows = [["seed", "arm", "version", "change", "steps", "reward", "val as seen", "clean", "rules", "decision"]]
+    for r in run.results:
+        for v in r.versions:
+            if v.parent is None and r.arm != "base":
+                continue
+            rows.append(
+                [
+                    str(r.seed),
+                    r.arm,
+                    v.name,
+                    v.change.replace("|", "/"),
+                    str(v.steps),
+                    _fmt(v.train_reward),
+                    _fmt(v.seen_greedy),
+                    _fmt(v.clean_greedy),
+                    ", ".join(v.rules) or "-",
+                    v.decision,
+                ]
+            )
+    out += [_markdown_table(rows), ""]
+    out += ["## Plots", ""] + [f"![{arm}]({p.name})" for arm, p in plots.items()] + [""]
+    return "\n".join(out)
+
+
+def write_report(run: BenchRun, domain: str) -> tuple[Path, list[Finding], dict[str, str]]:
+    """report.md and one PNG per arm in the bench's folder; the terminal plots by arm."""
+    found = findings(run, domain)
+    arms = list(dict.fromkeys(r.arm for r in run.results))
+    plots = {arm: plot_png(run.results, arm, run.root / f"{arm}.png") for arm in arms}
+    path = run.root / "report.md"
+    path.write_text(render(run, domain, found, plots), encoding="utf-8")
+    (run.root / "results.json").write_text(
+        json.dumps(
+            {
+                "bench_id": run.bench_id,
+                "settings": run.settings.__dict__,
+                "results": [r.to_dict() for r in run.results],
+                "findings": [f.__dict__ for f in found],
+            },
+            indent=1,
+            default=str,
+        )
+    )
+    return path, found, {arm: plot_terminal(run.results, arm) for arm in arms}
+
+
+def store_results(store: Store, run: BenchRun, found: list[Finding], report: str) -> None:
+    """The benchmark in the workspace's own store (`bench_results`, `bench_reports`)."""
+    with store.transaction():
+        for r in run.results:
+            store.con.execute(
+                "INSERT INTO bench_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
+                [
+                    run.bench_id,
+                    r.seed,
+                    r.arm,
+                    r.final,
+                    r.clean_greedy,
+                    r.clean_sampled,
+                    r.clean_halfwidth,
+                    r.seen_greedy,
+                    sum(v.parent is not None for v in r.versions),
+                    r.steps,
+                    r.cpu_seconds,
+                    r.wall_seconds,
+                    json.dumps(r.to_dict(), default=str),
+                    r.workspace,
+                ],
+            )
+        store.con.execute(
+            "INSERT INTO bench_reports VALUES (?, ?, ?, ?, current_timestamp)",
+            [
+                run.bench_id,
+                json.dumps(run.settings.__dict__, default=str),
+                json.dumps([{"name": f.name, "verdict": f.verdict(), "lines": f.lines} for f in found]),
+                report,
+            ],
+        )

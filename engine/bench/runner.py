@@ -1,0 +1,441 @@
+"""The autonomy benchmark: four arms on one workspace, the same v0, data and GRPO-step budget.
+
+- **base**: v0 as it is;
+- **hand**: the workspace's hand-made recipe (`[bench] hand_recipe`), one version trained for the
+  whole budget;
+- **score-only**: the coach with the score layer of the harness alone (the ablation);
+- **full**: the coach with the full, evolving harness.
+
+Each seed clones the workspace's committed state into `<ws>/.evotrainer/bench/<id>/seed<k>/`,
+builds v0 there once, and copies that clone for every arm, so the arms start from the same
+policy and store. The arms run one after the other (a 2-core machine trains one run at a time).
+A loop arm runs coach rounds until its versions have used the budget's GRPO steps; every gate is
+answered yes. Scores are measured on the clean environment: with the SWE leak switch on, every
+evaluation also plays val clean (split ``clean``), and that is what the benchmark reports; the
+arms themselves decide on what they see.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import time
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import git
+import tomli_w
+
+from engine.coach.gates import Answer, Gate
+from engine.coach.interventions import config_changes
+from engine.coach.loop import Coach, CoachEvent
+from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
+from engine.core import BASE, Engine, Plan, ProgressFn
+from engine.store import Store
+from engine.versions import ACTOR
+from engine.workspace import STATE_DIR, Workspace, init_workspace
+
+ARMS = ("base", "hand", "score-only", "full")
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """What one `evotui bench` invocation runs (the workspace's `[bench]`, with the CLI's overrides)."""
+
+    budget_steps: int
+    version_steps: int
+    seeds: tuple[int, ...]
+    quick: bool = False
+    val_size: int | None = None
+    warmup_steps: int | None = None
+    leak_rate: float = 0.0
+    transfer_from: str = ""
+    hand_recipe: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(
+        cls, config: WorkspaceConfig, quick: bool = False, budget: int | None = None, seeds: list[int] | None = None
+    ) -> BenchSettings:
+        b = config.bench
+        return cls(
+            budget_steps=budget or (b.quick_budget_steps if quick else b.budget_steps),
+            version_steps=b.quick_version_steps if quick else b.version_steps,
+            seeds=tuple(seeds or (b.seeds[:1] if quick else b.seeds)),
+            quick=quick,
+            val_size=b.quick_val_size if quick else b.val_size,
+            warmup_steps=b.quick_warmup_steps if quick else None,
+            leak_rate=b.leak_rate,
+            transfer_from="" if quick else b.transfer_from,
+            hand_recipe=dict(b.hand_recipe),
+        )
+
+
+@dataclass
+class VersionRow:
+    """One version an arm trained (or v0), as the report shows it."""
+
+    name: str
+    parent: str | None
+    change: str
+    template: str | None
+    steps: int
+    decision: str
+    reason: str
+    seen_greedy: float | None  # val as the arm saw it (leaky when the switch was on)
+    clean_greedy: float | None
+    clean_sampled: float | None
+    train_reward: float | None  # mean train reward over the run's last quarter
+    train_correct: float | None
+    rules: list[str]
+    cpu_seconds: float | None = None  # of the coach call that trained it (its run, evaluation and diagnosis)
+
+
+@dataclass
+class ArmResult:
+    arm: str
+    seed: int
+    workspace: str
+    final: str
+    clean_greedy: float | None
+    clean_sampled: float | None
+    clean_halfwidth: float | None  # 95% interval half-width of the clean sampled score over val tasks
+    seen_greedy: float | None
+    steps: int
+    cpu_seconds: float
+    wall_seconds: float
+    versions: list[VersionRow]
+    stopped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class BenchError(RuntimeError):
+    """The benchmark cannot start (a dirty workspace, an engine holding it); says what to do."""
+
+
+# -- workspaces --------------------------------------------------------------------------------------
+def clone_workspace(source: Path, dest: Path, edits: dict[str, Any], message: str) -> Workspace:
+    """The committed state of `source` (its HEAD) as a fresh workspace at `dest`, with `edits`
+    (dotted workspace.toml paths) committed on top."""
+    repo = git.Repo.clone_from(str(source), str(dest), no_hardlinks=True)
+    repo.git.remote("remove", "origin")
+    return _commit_edits(Workspace(dest), edits, message)
+
+
+def _commit_edits(workspace: Workspace, edits: dict[str, Any], message: str) -> Workspace:
+    data = tomllib.loads(workspace.config_path.read_text(encoding="utf-8"))
+    for dotted, value in edits.items():
+        node = data
+        *parents, key = dotted.split(".")
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[key] = value
+    workspace.config_path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    workspace.load_config()  # the edits must still validate
+    repo = git.Repo(workspace.root)
+    repo.index.add([CONFIG_FILE])
+    repo.index.commit(message, author=ACTOR, committer=ACTOR)
+    return workspace
+
+
+def _arm_edits(config: WorkspaceConfig, settings: BenchSettings, seed: int) -> dict[str, Any]:
+    edits: dict[str, Any] = {
+        "recipe.seed": seed,
+        "policy.warmup.seed": seed,
+        "recipe.steps": settings.version_steps,
+        "budget.max_train_steps": max(config.budget.max_train_steps, settings.budget_steps),
+        "gates.after_diagnosis": False,
+        "gates.after_design": False,
+        "gates.after_backtest": False,
+        "gates.after_completion": False,
+    }
+    if settings.val_size is not None:
+        edits["domain.val_size"] = settings.val_size
+    if settings.warmup_steps is not None:
+        edits["policy.warmup.steps"] = settings.warmup_steps
+    if settings.leak_rate > 0 and config.domain.name == "swe":
+        edits["domain.leak_fix_in_history"] = True
+        edits["domain.leak_rate"] = settings.leak_rate
+    return edits
+
+
+def approve_everything(gate: Gate) -> Answer:
+    """The benchmark's person: says yes at every gate, forced ones too (the arms are autonomous)."""
+    return Answer("approve", by="bench")
+
+
+# -- measuring -----------------------------------------------------------------------------------------
+def _cpu_seconds() -> float:
+    """User and system CPU of this process and of its finished children (the run workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def clean_scores(store: Store, run_id: str) -> tuple[float | None, float | None, float | None, int]:
+    """(greedy, sampled, 95% half-width of sampled, tasks) of a run's last evaluation, on split
+    ``clean`` when it has one (a leaky environment), else ``val`` (then val is clean)."""
+    row = store.query_one(
+        """
+        WITH ev AS (
+            SELECT * FROM rollouts
+            WHERE run_id = $run AND split = (
+                SELECT CASE WHEN bool_or(split = 'clean') THEN 'clean' ELSE 'val' END
+                FROM rollouts WHERE run_id = $run AND split IN ('val', 'clean'))
+        ),
+        last AS (SELECT * FROM ev WHERE step = (SELECT max(step) FROM ev)),
+        per_task AS (
+            SELECT task_id, avg(coalesce(reward_components['correctness'], reward)) AS solved
+            FROM last WHERE decoding = 'sampled' GROUP BY task_id
+        )
+        SELECT (SELECT avg(coalesce(reward_components['correctness'], reward)) FROM last WHERE decoding = 'greedy'),
+               avg(solved), 1.96 * stddev_samp(solved) / sqrt(count(*)), count(*)
+        FROM per_task
+        """,
+        {"run": run_id},
+    )
+    if not row:
+        return None, None, None, 0
+    return row[0], row[1], row[2], int(row[3] or 0)
+
+
+def version_rows(engine: Engine) -> list[VersionRow]:
+    """Every version of an arm's store in creation order, with what the arm saw and the clean truth."""
+    out = []
+    rows = engine.store.query(
+        """
+        SELECT v.name, v.parent, v.state, coalesce(v.decision_reason, ''), v.val_greedy, i.template, i.change
+        FROM versions v LEFT JOIN interventions i ON i.id = v.intervention_id
+        ORDER BY v.created_at, v.name
+        """
+    )
+    for name, parent, state, reason, seen, template, change in rows:
+        ev = engine.eval_run(name)
+        clean = clean_scores(engine.store, ev.id) if ev else (None, None, None, 0)
+        train = engine.train_run(name)
+        steps, reward, correct = 0, None, None
+        if train is not None:
+            tail = engine.store.query_one(
+                """
+                WITH t AS (SELECT * FROM rollouts WHERE run_id = $run AND split = 'train')
+                SELECT max(step), avg(reward) FILTER (WHERE step > 0.75 * (SELECT max(step) FROM t)),
+                       avg(coalesce(reward_components['correctness'], reward))
+                           FILTER (WHERE step > 0.75 * (SELECT max(step) FROM t))
+                FROM t
+                """,
+                {"run": train.id},
+            )
+            steps, reward, correct = int((tail or [0])[0] or 0), (tail or [None, None])[1], (tail or [None] * 3)[2]
+        diagnosis = engine.store.query_one(
+            "SELECT rules FROM diagnoses WHERE version = ? ORDER BY created_at DESC LIMIT 1", [name]
+        )
+        rules = [r["rule"] for r in json.loads(diagnosis[0])] if diagnosis else []
+        changes = json.loads(change) if isinstance(change, str) else (change or {})
+        text = ", ".join(f"{k} {v.get('from')!r} -> {v.get('to')!r}" for k, v in changes.items()) or "(base)"
+        out.append(
+            VersionRow(
+                name, parent, text, template, steps, state, reason, seen, clean[0], clean[1], reward, correct, rules
+            )
+        )
+    return out
+
+
+# -- the arms ------------------------------------------------------------------------------------------
+def _hand_config_text(engine: Engine, settings: BenchSettings) -> str:
+    data = tomllib.loads(engine.tree.read(BASE, CONFIG_FILE))
+    data.setdefault("recipe", {}).update(settings.hand_recipe)
+    data["recipe"]["steps"] = settings.budget_steps
+    return tomli_w.dumps(data)
+
+
+def run_hand(engine: Engine, settings: BenchSettings, progress: ProgressFn | None) -> tuple[str, str | None]:
+    text = _hand_config_text(engine, settings)
+    config = parse_config(text, Path(f"{BASE}+hand_recipe:{CONFIG_FILE}"), engine.workspace.root)
+    plan = Plan(
+        parent=BASE,
+        name="v1",
+        files={CONFIG_FILE: text},
+        kind="optimizer",
+        factor="hand recipe",
+        change=config_changes(engine.version_config(BASE), config),
+        hypothesis="The hand-made recipe, trained for the whole budget.",
+        success_criterion="none: the benchmark's reference arm",
+        rollback="none",
+        template="hand_recipe",
+    )
+    engine.create_version(plan)
+    engine.train("v1", progress)
+    verdict = engine.judge("v1")
+    decision = {"improved": "promoted", "regressed": "rejected"}.get(verdict.label, "pruned")
+    engine.decide("v1", decision, f"hand recipe: {verdict.summary()}")
+    return "v1", None
+
+
+def steps_used(engine: Engine) -> int:
+    row = engine.store.query_one(
+        """SELECT coalesce(sum(s), 0) FROM (
+               SELECT max(m.step) AS s FROM metrics m JOIN runs r ON r.id = m.run_id
+               WHERE r.kind = 'train' GROUP BY m.run_id)"""
+    )
+    return int(row[0]) if row else 0
+
+
+def run_loop(
+    engine: Engine,
+    harness: str,
+    settings: BenchSettings,
+    say: Say,
+    progress: ProgressFn | None,
+    cpu_of: dict[str, float],
+) -> tuple[str, str | None]:
+    """Coach rounds until the arm's versions used the budget; the arm's answer is its best promoted version."""
+
+    def on_event(event: CoachEvent) -> None:
+        if event.kind in ("proposal", "verdict", "decision", "refused", "skill", "evolution", "escalation"):
+            say(f"    {event.message}")
+
+    coach = Coach(engine, answer=approve_everything, on_event=on_event, harness=harness)
+    stopped = None
+    while steps_used(engine) < settings.budget_steps:
+        cpu = _cpu_seconds()
+        result = coach.run(1, progress)
+        for name in result.trained:
+            cpu_of[name] = (_cpu_seconds() - cpu) / len(result.trained)
+        if not result.trained:
+            stopped = result.stopped or "the coach trained nothing more"
+            break
+    best = engine.best_version()
+    assert best is not None
+    return best.name, stopped
+
+
+def run_arm(
+    arm: str,
+    workspace: Workspace,
+    seed: int,
+    settings: BenchSettings,
+    say: Say,
+    progress: ProgressFn | None = None,
+) -> ArmResult:
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    cpu_of: dict[str, float] = {}
+    with Engine(workspace) as engine:
+        if arm == "base":
+            final, stopped = BASE, None
+        elif arm == "hand":
+            final, stopped = run_hand(engine, settings, progress)
+        else:
+            final, stopped = run_loop(engine, arm, settings, say, progress, cpu_of)
+        cpu, wall = _cpu_seconds() - cpu, time.perf_counter() - wall
+        if arm == "hand":
+            cpu_of["v1"] = cpu
+        if arm in ("hand", "score-only"):
+            # The benchmark's own audit: the full harness over versions the arm judged without it.
+            engine.harness_layers = None
+            for v in engine.store.list_versions():
+                if v.parent is not None and engine.train_run(v.name) is not None:
+                    engine.diagnose_version(v.name)
+        rows = version_rows(engine)
+        for r in rows:
+            r.cpu_seconds = cpu_of.get(r.name)
+        ev = engine.eval_run(final)
+        greedy, sampled, halfwidth, _ = clean_scores(engine.store, ev.id) if ev else (None, None, None, 0)
+        seen = next((r.seen_greedy for r in rows if r.name == final), None)
+    return ArmResult(
+        arm=arm,
+        seed=seed,
+        workspace=str(workspace.root),
+        final=final,
+        clean_greedy=greedy,
+        clean_sampled=sampled,
+        clean_halfwidth=halfwidth,
+        seen_greedy=seen,
+        steps=sum(r.steps for r in rows),
+        cpu_seconds=cpu,
+        wall_seconds=wall,
+        versions=rows,
+        stopped=stopped,
+    )
+
+
+def transfer_skills(template: str, dest: Path, settings: BenchSettings, say: Say) -> list[Path]:
+    """One round of the full loop on another domain's template; the skill cards it writes."""
+    ws = init_workspace(dest, template)
+    ws = _commit_edits(ws, _arm_edits(ws.load_config(), settings, settings.seeds[0]), "bench settings")
+    with Engine(ws) as engine:
+        say(f"  transfer: one round of the full loop on template {template!r}")
+        Coach(engine, answer=approve_everything, harness="full").run(engine.config.coach.branches)
+    return sorted((ws.root / "skills").glob("*.md"))
+
+
+def run_seed(
+    source: Path, root: Path, seed: int, settings: BenchSettings, say: Say, skills: list[Path]
+) -> list[ArmResult]:
+    config = Workspace.open(source).load_config()
+    base = clone_workspace(source, root / "base", _arm_edits(config, settings, seed), f"bench seed {seed}")
+    say(f"seed {seed}: building v0 in {base.root}")
+    cpu, wall = _cpu_seconds(), time.perf_counter()
+    with Engine(base) as engine:
+        engine.ensure_base()
+    v0_cpu, v0_wall = _cpu_seconds() - cpu, time.perf_counter() - wall
+    results = []
+    for arm in ARMS:
+        ws = base
+        if arm != "base":
+            shutil.copytree(base.root, root / arm, symlinks=True)
+            ws = Workspace(root / arm)
+            if skills:
+                (ws.root / "skills").mkdir(exist_ok=True)
+                for card in skills:
+                    shutil.copy(card, ws.root / "skills" / card.name)
+        say(f"seed {seed}: arm {arm}")
+        result = run_arm(arm, ws, seed, settings, say)
+        if arm == "base":
+            result.cpu_seconds, result.wall_seconds = v0_cpu, v0_wall
+        results.append(result)
+        say(
+            f"seed {seed}: {arm} -> {result.final}, clean greedy {_pct(result.clean_greedy)}, "
+            f"{result.steps} steps, {result.cpu_seconds:.0f} CPU s"
+        )
+    return results
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+@dataclass
+class BenchRun:
+    bench_id: str
+    root: Path
+    settings: BenchSettings
+    results: list[ArmResult]
+    transfer: list[str]
+    seconds: float
+
+
+def run_bench(source: Path | str, settings: BenchSettings, say: Say = print) -> BenchRun:
+    """Run every arm for every seed; the clones stay under `<ws>/.evotrainer/bench/<id>/`."""
+    source = Workspace.open(source).root
+    repo = git.Repo(source)
+    if repo.is_dirty(path=CONFIG_FILE):
+        raise BenchError(f"{source / CONFIG_FILE} has uncommitted changes; commit them: the benchmark clones HEAD")
+    bench_id = datetime.now().strftime("bench-%Y%m%d-%H%M%S")
+    root = source / STATE_DIR / "bench" / bench_id
+    root.mkdir(parents=True)
+    started = time.perf_counter()
+    skills: list[Path] = []
+    if settings.transfer_from:
+        skills = transfer_skills(settings.transfer_from, root / "transfer", settings, say)
+        say(f"  transfer: {len(skills)} skill card(s) offered to the loops: {', '.join(p.stem for p in skills)}")
+    results = []
+    for seed in settings.seeds:
+        results += run_seed(source, root / f"seed{seed}", seed, settings, say, skills)
+    return BenchRun(bench_id, root, settings, results, [p.stem for p in skills], time.perf_counter() - started)

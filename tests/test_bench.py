@@ -1,0 +1,89 @@
+"""The autonomy benchmark's machinery on a tiny SWE workspace: the arms share v0, spend the same
+budget, are scored on the clean split, and the report and the store say what the arms did."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from engine.bench.report import findings, main_table, store_results, write_report
+from engine.bench.runner import ARMS, BenchError, BenchSettings, clean_scores, run_bench
+from engine.store import Store
+from engine.workspace import Workspace, init_workspace
+from tests.conftest import commit_workspace_toml, tiny_toml
+
+pytestmark = pytest.mark.slow
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_bench_arms_share_v0_and_budget_and_report_clean_scores(tmp_path: Path) -> None:
+    ws = init_workspace(tmp_path / "ws", "swe")
+    ws.config_path.write_text(tiny_toml(ws.config_path.read_text(), train_size=60, val_size=8, warmup_steps=10))
+    commit_workspace_toml(ws, "tiny settings for tests")
+    settings = BenchSettings(budget_steps=2, version_steps=1, seeds=(3,), val_size=6, leak_rate=0.5)
+    lines: list[str] = []
+    run = run_bench(ws.root, settings, say=lines.append)
+    arms = {r.arm: r for r in run.results}
+    assert tuple(arms) == ARMS and all(r.seed == 3 for r in run.results)
+
+    # Every arm starts from the same v0 checkpoint, built once for the seed.
+    weights = {
+        arm: _digest(next((Path(r.workspace) / ".evotrainer" / "models" / "v0").glob("*.safetensors")))
+        for arm, r in arms.items()
+    }
+    assert len(set(weights.values())) == 1
+    # The hand recipe is one version of the whole budget; each loop spends at least the budget.
+    assert [v.steps for v in arms["hand"].versions if v.parent] == [settings.budget_steps]
+    for arm in ("score-only", "full"):
+        r = arms[arm]
+        assert r.steps >= settings.budget_steps or r.stopped
+        versions = [v for v in r.versions if v.parent and v.template != "longer_training"]
+        assert versions and all(v.steps == settings.version_steps for v in versions)
+    assert arms["base"].steps == 0 and arms["base"].final == "v0"
+
+    # The leak switch was on: the reported score is the clean split's, recomputed here.
+    for r in run.results:
+        store = Store(Workspace(Path(r.workspace)).db_path)
+        try:
+            row = store.query_one(
+                "SELECT r.id FROM runs r WHERE r.version = ? AND EXISTS "
+                "(SELECT 1 FROM rollouts o WHERE o.run_id = r.id AND o.split = 'clean') ORDER BY r.ended_at DESC",
+                [r.final],
+            )
+            assert row is not None, f"{r.arm}: {r.final} has no clean evaluation"
+            greedy = store.query_one(
+                "SELECT avg(reward_components['correctness']) FROM rollouts "
+                "WHERE run_id = ? AND split = 'clean' AND decoding = 'greedy'",
+                [row[0]],
+            )
+            assert greedy is not None and r.clean_greedy == pytest.approx(greedy[0])
+            assert clean_scores(store, row[0])[3] == settings.val_size
+        finally:
+            store.close()
+
+    path, found, plots = write_report(run, "swe")
+    text = path.read_text()
+    head = main_table(run.results)[0]
+    assert "| " + " | ".join(head) + " |" in text
+    for f in findings(run, "swe"):
+        assert f"## {f.title}" in text
+    assert {f.name for f in found} == {"main", "leak", "efficiency", "backtest", "transfer", "compute"}
+    assert all((run.root / f"{arm}.png").stat().st_size > 1000 for arm in ARMS)
+    assert set(plots) == set(ARMS) and all("clean" in p for p in plots.values())
+    with Store(ws.db_path) as store:
+        store_results(store, run, found, text)
+        rows = store.query("SELECT arm, steps FROM bench_results WHERE bench_id = ? ORDER BY arm", [run.bench_id])
+        assert sorted(rows) == sorted((r.arm, r.steps) for r in run.results)
+        assert store.query_one("SELECT count(*) FROM bench_reports")[0] == 1  # type: ignore[index]
+
+
+def test_bench_refuses_uncommitted_workspace_changes(tmp_path: Path) -> None:
+    ws = init_workspace(tmp_path / "ws", "swe")
+    ws.config_path.write_text(ws.config_path.read_text() + "\n# edited\n")
+    with pytest.raises(BenchError, match="uncommitted"):
+        run_bench(ws.root, BenchSettings(budget_steps=1, version_steps=1, seeds=(0,)))
