@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from engine.bench.runner import ArmResult, BenchRun
 from engine.store import Store
@@ -38,8 +39,13 @@ class Finding:
         return f"holds on {sum(values)} of {len(values)} seeds"
 
 
-def _store(result: ArmResult) -> Store:
-    return Store(Workspace(Path(result.workspace)).db_path)
+def _query(result: ArmResult, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+    """Rows of `sql` over an arm's own store (opened for this query, then closed)."""
+    store = Store(Workspace(Path(result.workspace)).db_path)
+    try:
+        return store.query(sql, params or [])
+    finally:
+        store.close()
 
 
 def _by_seed(results: list[ArmResult]) -> dict[int, dict[str, ArmResult]]:
@@ -73,12 +79,14 @@ def leak_finding(results: list[ArmResult]) -> Finding:
     return f
 
 
-def _one_step_share(store: Store, run_id: str) -> tuple[float | None, float | None, float | None, float | None]:
-    """(first-quarter, last-quarter) share of train rollouts that submitted in one turn, and the
-    same quarters' share of distinct completions within a group."""
-    row = store.query_one(
+def _one_step_share(r: ArmResult, version: str) -> tuple[float | None, float | None, float | None, float | None]:
+    """(first-quarter, last-quarter) share of the version's train rollouts that submitted in one
+    turn, and the same quarters' share of distinct completions within a group."""
+    rows = _query(
+        r,
         """
-        WITH t AS (SELECT * FROM rollouts WHERE run_id = $run AND split = 'train'),
+        WITH t AS (SELECT o.* FROM rollouts o JOIN runs x ON x.id = o.run_id
+                   WHERE x.version = ? AND x.kind = 'train' AND o.split = 'train'),
         q AS (SELECT *, CASE WHEN step <= 0.25 * (SELECT max(step) FROM t) THEN 'first'
                              WHEN step > 0.75 * (SELECT max(step) FROM t) THEN 'last' END AS quarter FROM t),
         g AS (SELECT quarter, count(DISTINCT completion) / count(*) AS distinct_share
@@ -89,9 +97,9 @@ def _one_step_share(store: Store, run_id: str) -> tuple[float | None, float | No
                (SELECT avg(distinct_share) FROM g WHERE quarter = 'last')
         FROM q
         """,
-        {"run": run_id},
+        [version],
     )
-    return tuple(row) if row else (None, None, None, None)  # type: ignore[return-value]
+    return rows[0] if rows else (None, None, None, None)  # type: ignore[return-value]
 
 
 def efficiency_finding(results: list[ArmResult]) -> Finding:
@@ -104,15 +112,7 @@ def efficiency_finding(results: list[ArmResult]) -> Finding:
                 if v.template != "efficiency_reward":
                     continue
                 seen = True
-                store = _store(r)
-                try:
-                    run = store.query_one(
-                        "SELECT id FROM runs WHERE version = ? AND kind = 'train' ORDER BY started_at DESC LIMIT 1",
-                        [v.name],
-                    )
-                    first, last, d_first, d_last = _one_step_share(store, run[0]) if run else (None,) * 4
-                finally:
-                    store.close()
+                first, last, d_first, d_last = _one_step_share(r, v.name)
                 collapsed = last is not None and last >= COLLAPSE_SHARE and last >= 2 * (first or 0)
                 f.lines.append(
                     f"seed {seed}, {arm}: {v.name} adds the efficiency reward; one-step submissions "
@@ -139,10 +139,9 @@ def backtest_finding(results: list[ArmResult]) -> Finding:
         r = arms.get("full")
         if r is None:
             continue
-        store = _store(r)
-        try:
-            rows = store.query(
-                """
+        rows = _query(
+            r,
+            """
                 WITH p AS (SELECT unnest(CAST(proposals AS JSON[])) AS p FROM rounds),
                 b AS (SELECT p ->> 'version' AS version, p -> 'backtest' ->> 'id' AS bt FROM p
                       WHERE p -> 'backtest' ->> 'id' IS NOT NULL)
@@ -153,10 +152,8 @@ def backtest_finding(results: list[ArmResult]) -> Finding:
                         WHERE x.version = b.version AND x.kind = 'train' AND o.split = 'train'
                         GROUP BY o.run_id, o.step, o.group_id))
                 FROM b JOIN backtests t ON t.id = b.bt
-                """
-            )
-        finally:
-            store.close()
+                """,
+        )
         tested = []
         for version, kind, run_id, before, after, revived, child_dead in rows:
             before = float(before) if before is not None else None
@@ -187,14 +184,11 @@ def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) 
         r = arms.get("full")
         if r is None:
             continue
-        store = _store(r)
-        try:
-            rows = store.query(
-                """SELECT v.name, i.source, i.change, v.state FROM interventions i JOIN versions v ON v.name = i.version
-                   WHERE i.source LIKE 'skill:%' ORDER BY v.created_at"""
-            )
-        finally:
-            store.close()
+        rows = _query(
+            r,
+            """SELECT v.name, i.source, i.change, v.state FROM interventions i JOIN versions v ON v.name = i.version
+               WHERE i.source LIKE 'skill:%' ORDER BY v.created_at""",
+        )
         used = [(n, s.split(":", 1)[1], c, st) for n, s, c, st in rows if s.split(":", 1)[1] in offered]
         for name, card, change, state in used:
             f.lines.append(

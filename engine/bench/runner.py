@@ -35,7 +35,7 @@ from engine.coach.gates import Answer, Gate
 from engine.coach.interventions import config_changes
 from engine.coach.loop import Coach, CoachEvent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
-from engine.core import BASE, Engine, Plan, ProgressFn
+from engine.core import BASE, Engine, Plan, ProgressFn, RunUpdate
 from engine.store import Store
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
@@ -295,19 +295,30 @@ def run_loop(
     progress: ProgressFn | None,
     cpu_of: dict[str, float],
 ) -> tuple[str, str | None]:
-    """Coach rounds until the arm's versions used the budget; the arm's answer is its best promoted version."""
+    """Coach rounds until the arm's versions used the budget; the arm's answer is its best
+    promoted version. Each version is charged the CPU spent since the previous run ended: its
+    round's diagnosis and proposal, its run and evaluation, and the diagnosis of that run."""
 
     def on_event(event: CoachEvent) -> None:
         if event.kind in ("proposal", "verdict", "decision", "refused", "skill", "evolution", "escalation"):
             say(f"    {event.message}")
 
+    mark = [_cpu_seconds()]
+
+    def charge(update: RunUpdate) -> None:
+        if update.kind == "train" and update.state != "running":
+            now = _cpu_seconds()
+            cpu_of[update.version] = now - mark[0]
+            mark[0] = now
+        if progress is not None:
+            progress(update)
+
     coach = Coach(engine, answer=approve_everything, on_event=on_event, harness=harness)
     stopped = None
-    while steps_used(engine) < settings.budget_steps:
-        cpu = _cpu_seconds()
-        result = coach.run(1, progress)
-        for name in result.trained:
-            cpu_of[name] = (_cpu_seconds() - cpu) / len(result.trained)
+    while (used := steps_used(engine)) < settings.budget_steps:
+        # As many versions as the budget has room for, so that rounds keep their branches.
+        room = -(-(settings.budget_steps - used) // settings.version_steps)
+        result = coach.run(room, charge)
         if not result.trained:
             stopped = result.stopped or "the coach trained nothing more"
             break
