@@ -19,6 +19,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Input, Select, Static, TabbedContent
 from textual.worker import WorkerState
 
+from engine.api.protocol import RolloutFilter
 from engine.coach.interventions import Intervention, apply
 from engine.coach.skills import SkillCard, SkillLibrary
 from engine.config import CONFIG_FILE
@@ -213,6 +214,9 @@ def test_the_filter_bar_sends_only_the_fields_that_are_set() -> None:
         "truncated": False,
         "used_history": True,
     }
+    # Every split the filter offers is one the engine's protocol accepts (clean: a leaky val played clean).
+    for split in ("train", "val", "clean"):
+        assert RolloutFilter.model_validate(build_filter("", "", "", "", split, "any", "any", "any")).split == split
     assert rows_label(50, 50, 1234) == "rows 51-100 of 1,234"
     assert rows_label(0, 0, 0) == "no rows of 0"
 

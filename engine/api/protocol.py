@@ -93,7 +93,7 @@ class MetricsParams(_Strict):
 class RolloutFilter(_Strict):
     version: str | None = None
     run_id: str | None = None
-    split: Literal["train", "val"] | None = None
+    split: Literal["train", "val", "clean"] | None = None
     step_min: int | None = None
     step_max: int | None = None
     reward_min: float | None = None
