@@ -3,6 +3,7 @@ backend fallback. Everything here runs without training; the real loop is the sl
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -338,6 +339,31 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     ctx = coach._context(round_id, "v1", parent_diagnosis, 2)
     assert [s["id"] for s in ctx.skills] == [card.id]
     assert coach.skills.match(["truncation"], "math") == []
+
+
+def test_a_round_from_a_base_without_grpo_backtests_on_the_run_it_reasons_from(engine: Engine) -> None:
+    """v0 has no GRPO run of its own; after a failed branch, the round's diagnosis comes from that
+    branch's run, and the filter backtest replays the same run."""
+    engine.store.add_version("v1", "v0", "versions/v1", "b", state="pruned")
+    dead, live = [Rollout(0.0)] * 4, [Rollout(0.0), Rollout(1.0), Rollout(0.0), Rollout(0.0)]
+    RunBuilder(engine.store).step(1, [dead, dead, live]).save(1)
+    engine.store.update_run("v1-train-1", state="succeeded")
+    engine.store.con.execute(
+        "INSERT INTO diagnoses (id, version, run_id, harness_revision, rules, candidate_kinds)"
+        " VALUES ('d1', 'v1', 'v1-train-1', 'r', '[]', '[]')"
+    )
+    iv = TEMPLATES["group_filter"].propose(engine.version_config("v0"), ["rule:insufficient_signal"])
+    assert iv is not None
+    coach = Coach(engine, answer=auto_approve)
+    engine.store.con.execute(
+        "INSERT INTO rounds (id, parent, state, stage, backend, harness, escalated, proposals, diagnosis)"
+        " VALUES (1, 'v0', 'open', 'backtest', 'offline', 'full', false, ?, 'd1')",
+        [json.dumps([{"intervention": iv.model_dump(), "title": iv.title(), "text": "", "change": {}}])],
+    )
+    coach._backtest(1, "v0")
+    (p,) = coach._round(1)["proposals"]
+    assert p["backtest"]["summary"].startswith("keeps 33% of groups")  # 1 of 3 groups has a spread
+    assert engine.store.query("SELECT run_id FROM backtests") == [("v1-train-1",)]
 
 
 def test_case_memory_is_consulted_and_traced(engine: Engine) -> None:

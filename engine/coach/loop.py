@@ -378,15 +378,28 @@ class Coach:
         return planned
 
     # -- backtests ----------------------------------------------------------------------------------
+    def _backtest_run(self, round_id: int, parent: str) -> str | None:
+        """The GRPO run a round's backtests re-score: the one its diagnosis reasons from (after
+        failed branches, the latest child's run from this parent), else the parent's own."""
+        row = self.store.query_one(
+            """SELECT d.run_id FROM rounds r JOIN diagnoses d ON d.id = r.diagnosis JOIN runs x ON x.id = d.run_id
+               WHERE r.id = ? AND x.kind = 'train' AND x.state = 'succeeded'""",
+            [round_id],
+        )
+        if row:
+            return str(row[0])
+        train = self.engine.train_run(parent)
+        return train.id if train is not None else None
+
     def _backtest(self, round_id: int, parent: str) -> None:
         rnd = self._round(round_id)
-        train = self.engine.train_run(parent)
+        run_id = self._backtest_run(round_id, parent)
         ran = []
         kept = []
         for p in rnd["proposals"]:
             iv = Intervention.model_validate(p["intervention"])
-            if train is not None and iv.kind in ("reward", "filter"):
-                p["backtest"] = self._one_backtest(train.id, iv)
+            if run_id is not None and iv.kind in ("reward", "filter"):
+                p["backtest"] = self._one_backtest(run_id, iv)
                 ran.append(p)
                 if p["backtest"].get("contradicts"):
                     self._emit("refused", f"{p['title']}: dropped, {p['backtest']['summary']}", round=round_id)
