@@ -38,7 +38,12 @@ class RunBuilder:
     metric_rows: list[tuple[int, str, float]] = field(default_factory=list)
 
     def step(
-        self, step: int, groups: Sequence[Sequence[Rollout]], split: str = "train", decoding: str = "sampled"
+        self,
+        step: int,
+        groups: Sequence[Sequence[Rollout]],
+        split: str = "train",
+        decoding: str = "sampled",
+        first_sample: int = 0,  # evaluation numbers greedy 0, sampled passes 1, 2, ...
     ) -> RunBuilder:
         for g, group in enumerate(groups):
             for s, r in enumerate(group):
@@ -52,7 +57,7 @@ class RunBuilder:
                         "split": split,
                         "decoding": decoding,
                         "group_id": g,
-                        "sample_idx": s,
+                        "sample_idx": first_sample + s,
                         "task_id": f"t{g}",
                         "subset": "s",
                         "prompt": f"p{g}",

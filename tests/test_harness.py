@@ -153,6 +153,49 @@ def test_shortcut_collapse_against_the_parent_on_val(store: Store) -> None:
     assert "shortcut_collapse" in fired(d)
 
 
+def _clean_protocol_runs(store: Store, child_val: list[float]) -> None:
+    """20 val tasks, greedy and sampled. The parent and the child score the same in the clean
+    environment (task i: i % 2); on val the child scores `child_val`, the parent as clean."""
+    clean = [float(i % 2) for i in range(20)]
+    child = RunBuilder(store).step(1, [[R(reward=0.0)]])
+    parent = RunBuilder(store, run_id="v0-warmup-1", version="v0")
+    for k, decoding in enumerate(("greedy", "sampled")):
+        child.step(1, [[R(reward=c)] for c in child_val], split="val", decoding=decoding, first_sample=k)
+        child.step(1, [[R(reward=c)] for c in clean], split="clean", decoding=decoding, first_sample=k)
+        for split in ("val", "clean"):
+            parent.step(0, [[R(reward=c)] for c in clean], split=split, decoding=decoding, first_sample=k)
+    child.save(1)
+    parent.save(0)
+    for run_id in ("v0-warmup-1", "v1-train-1"):
+        store.update_run(run_id, state="succeeded", ended_at="2026-01-01 00:00:00")
+    store.update_version("v0", val_greedy=0.5, val_sampled=0.5)
+    store.update_version("v1", val_greedy=float(np.mean(child_val)), val_sampled=float(np.mean(child_val)))
+
+
+def test_leak_the_val_gain_is_not_reproduced_clean(store: Store) -> None:
+    """The child solves 8 more tasks on val (the leaky environment), none of them clean: the
+    val - clean gap grows by 8/20 and accounts for all of the +0.4 gain."""
+    clean = [float(i % 2) for i in range(20)]
+    copied = [1.0 if i < 16 else c for i, c in enumerate(clean)]  # tasks 0, 2, ..., 14 now solved on val
+    _clean_protocol_runs(store, copied)
+    d = RunBuilder(store).diagnose_saved()
+    assert value(d, "version.clean_gap") == pytest.approx(8 / 20)
+    assert value(d, "version.clean_gap_delta") == pytest.approx(8 / 20)
+    assert value(d, "version.clean_gap_delta_low") > 0
+    assert value(d, "version.delta_to_parent") == pytest.approx(0.4)
+    assert fired(d)[0] == "leak"  # priority 1
+    assert severity(d, "version.clean_gap") == "info"
+
+
+def test_leak_not_fired_when_the_gain_is_reproduced_clean(store: Store) -> None:
+    """A child that scores the same on val and clean has no gap, whatever its gain."""
+    clean = [float(i % 2) for i in range(20)]
+    _clean_protocol_runs(store, clean)
+    d = RunBuilder(store).diagnose_saved()
+    assert value(d, "version.clean_gap") == 0 and value(d, "version.clean_gap_delta") == 0
+    assert "leak" not in fired(d)
+
+
 def test_format_gate(store: Store) -> None:
     rows = [R(reward=0.0, format=0.0 if i < 3 else 1.0) for i in range(10)]  # 3 of 10 violate
     d = RunBuilder(store).step(1, [rows]).diagnose(steps=1)

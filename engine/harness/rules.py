@@ -12,15 +12,26 @@ from engine.harness.base import Context, Findings, RuleResult, rule
     candidate_kinds=("environment: remove the answer from history", "evaluation: clean protocol"),
 )
 def leak(f: Findings, ctx: Context) -> RuleResult | None:
-    """Success concentrates in rollouts that read history: the score may not be the skill."""
+    """The score may not be the skill: success concentrates in rollouts that read history, or the
+    version's val gain is (mostly) not reproduced in the clean environment."""
     share, gap = f.value("behavior.history_use_rate"), f.value("behavior.history_success_gap")
-    if share is None or gap is None or share < 0.05 or gap < 0.3:
+    if share is not None and gap is not None and share >= 0.05 and gap >= 0.3:
+        return RuleResult(
+            f"{share:.0%} of rollouts used history commands and they succeed {gap:+.2f} more often: "
+            "the policy may be copying the fix from history",
+            "critical",
+            ("behavior.history_use_rate", "behavior.history_success_gap"),
+        )
+    grew, low = f.value("version.clean_gap_delta"), f.value("version.clean_gap_delta_low")
+    gain = f.value("version.delta_to_parent", 0.0) or 0.0
+    # The gap grew beyond noise and accounts for at least half of the val gain.
+    if grew is None or low is None or low <= 0 or grew < gain / 2:
         return None
     return RuleResult(
-        f"{share:.0%} of rollouts used history commands and they succeed {gap:+.2f} more often: "
-        "the policy may be copying the fix from history",
+        f"val correctness moved {gain:+.3f} vs the parent, but the val - clean gap grew {grew:+.3f} "
+        f"(95% interval above {low:+.3f}): the gain is read from the leaked history, not earned",
         "critical",
-        ("behavior.history_use_rate", "behavior.history_success_gap"),
+        ("version.clean_gap_delta", "version.clean_gap", "version.delta_to_parent"),
     )
 
 

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.harness.base import Context, Finding, analyzer
+from engine.verdict import paired_bootstrap
 
 FAILED_VERDICTS = ("regressed", "insufficient evidence", "mixed")
+
+# The latest succeeded run with a val evaluation of the version and of its parent.
+LATEST_EVALUATED_RUNS = """
+    SELECT DISTINCT ON (r.version) o.run_id, r.version FROM rollouts o JOIN runs r ON r.id = o.run_id
+    WHERE r.version IN ($version, $parent) AND r.state = 'succeeded' AND o.split = 'val'
+    ORDER BY r.version, r.ended_at DESC
+"""
 
 
 @analyzer("lineage", "version")
@@ -57,12 +67,8 @@ def behavior_vs_parent(ctx: Context) -> list[Finding]:
     if not ctx.version.parent:
         return []
     rows = ctx.q(
-        """
-        WITH latest AS (
-            SELECT o.run_id, r.version FROM rollouts o JOIN runs r ON r.id = o.run_id
-            WHERE r.version IN ($version, $parent) AND r.state = 'succeeded' AND o.split = 'val'
-            QUALIFY row_number() OVER (PARTITION BY r.version ORDER BY r.ended_at DESC) = 1
-        )
+        f"""
+        WITH latest AS ({LATEST_EVALUATED_RUNS})
         SELECT l.version, avg(o.completion_length), count(DISTINCT o.completion) / count(*)
         FROM latest l JOIN rollouts o ON o.run_id = l.run_id
         WHERE o.split = 'val' AND o.decoding = 'greedy'
@@ -89,3 +95,61 @@ def behavior_vs_parent(ctx: Context) -> list[Finding]:
             f"distinct greedy val completions {p_distinct:.0%} -> {distinct:.0%} vs {ctx.version.parent}",
         ),
     ]
+
+
+@analyzer("clean_protocol", "version")
+def clean_protocol(ctx: Context) -> list[Finding]:
+    """Where the environment can leak (val is also played clean, split ``clean``): how much of the
+    val score is not reproduced without the leak (val - clean, per task, mean of greedy and
+    sampled), for this version and against its parent. A gap that grows with the version is a
+    gain made by reading the answer, not by the skill; its paired 95% interval is reported."""
+    rows = ctx.q(
+        f"""
+        WITH latest AS ({LATEST_EVALUATED_RUNS}),
+        scored AS (
+            SELECT l.version, o.split, o.decoding, o.task_id, o.step,
+                   avg(o.reward_components['correctness']) AS c
+            FROM latest l JOIN rollouts o ON o.run_id = l.run_id
+            WHERE o.split IN ('val', 'clean')
+            GROUP BY l.version, o.split, o.decoding, o.task_id, o.step
+            QUALIFY o.step = max(o.step) OVER (PARTITION BY l.version, o.split)
+        )
+        SELECT v.version, v.task_id, avg(v.c - k.c) AS gap
+        FROM scored v JOIN scored k USING (version, decoding, task_id)
+        WHERE v.split = 'val' AND k.split = 'clean'
+        GROUP BY v.version, v.task_id ORDER BY v.task_id
+        """,
+        {"version": ctx.version.name, "parent": ctx.version.parent or ""},
+    )
+    gaps: dict[str, dict[str, float]] = {}
+    for version, task, gap in rows:
+        gaps.setdefault(version, {})[task] = gap
+    mine = gaps.get(ctx.version.name)
+    if not mine:
+        return []
+    gap = float(np.mean(list(mine.values())))
+    out = [
+        Finding(
+            "version.clean_gap",
+            gap,
+            "info",
+            f"val correctness {gap:+.3f} above the clean environment's on {len(mine)} tasks",
+        )
+    ]
+    theirs = gaps.get(ctx.version.parent or "")
+    tasks = sorted(mine.keys() & theirs.keys()) if theirs else []
+    if tasks:
+        child, parent = np.array([mine[t] for t in tasks]), np.array([theirs[t] for t in tasks])
+        low, high = paired_bootstrap(parent, child)
+        delta = float((child - parent).mean())
+        out += [
+            Finding(
+                "version.clean_gap_delta",
+                delta,
+                "info",
+                f"val - clean gap {parent.mean():+.3f} -> {child.mean():+.3f} vs {ctx.version.parent} "
+                f"(95% interval {low:+.3f} to {high:+.3f})",
+            ),
+            Finding("version.clean_gap_delta_low", low, "info", f"the gap delta's 95% interval starts at {low:+.3f}"),
+        ]
+    return out
