@@ -232,7 +232,8 @@ def version_rows(engine: Engine) -> list[VersionRow]:
                 """,
                 {"run": train.id},
             )
-            steps, reward, correct = int((tail or [0])[0] or 0), (tail or [None, None])[1], (tail or [None] * 3)[2]
+            last, reward, correct = tail or (None, None, None)  # an aggregate: one row, even without rollouts
+            steps = int(last or 0)
         diagnosis = engine.store.query_one(
             "SELECT rules FROM diagnoses WHERE version = ? ORDER BY created_at DESC LIMIT 1", [name]
         )
