@@ -189,6 +189,17 @@ class GroupFilterConfig(_Section):
     )
 
 
+class CollapseGuardConfig(_Section):
+    """Stops a multi-turn run early when it collapses into one-step episodes: over the last
+    `window` steps, at least `one_step_share` of the episodes end after one turn (and at least
+    twice the share of the first `window` steps) while correctness has not risen. The version is
+    then rejected without spending the rest of its steps. Off under the score-only harness."""
+
+    enabled: bool = True
+    one_step_share: float = Field(0.3, gt=0, le=1, description="Share of a window's episodes with one turn.")
+    window: int = Field(3, ge=1, description="Steps per window (the first window is the baseline).")
+
+
 class RecipeConfig(_Section):
     """The GRPO-family recipe a version trains with (names follow TRL's GRPOConfig)."""
 
@@ -210,6 +221,7 @@ class RecipeConfig(_Section):
         description="Weight of each named reward component of the domain.",
     )
     group_filter: GroupFilterConfig = GroupFilterConfig()
+    collapse_guard: CollapseGuardConfig = CollapseGuardConfig()
 
     @model_validator(mode="after")
     def _clip_range(self) -> RecipeConfig:

@@ -209,6 +209,10 @@ class Engine:
         if parent is None or not parent.checkpoint:
             raise ValueError(f"parent {record.parent} of {version} has no checkpoint")
         config = self.version_config(version)
+        if self.harness_layers is not None and "behavior" not in self.harness_layers:
+            # The collapse guard reads behavior; a harness without that layer does not have it.
+            guard = config.recipe.collapse_guard.model_copy(update={"enabled": False})
+            config = config.model_copy(update={"recipe": config.recipe.model_copy(update={"collapse_guard": guard})})
         self.store.update_version(version, state="training")
         out = self.workspace.model_dir(version)
         try:

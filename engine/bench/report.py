@@ -113,16 +113,18 @@ def efficiency_finding(results: list[ArmResult]) -> Finding:
                     continue
                 seen = True
                 first, last, d_first, d_last = _one_step_share(r, v.name)
-                collapsed = last is not None and last >= COLLAPSE_SHARE and last >= 2 * (first or 0)
+                stopped = "stopped_early" in v.rules
+                collapsed = stopped or last is not None and last >= COLLAPSE_SHARE and last >= 2 * (first or 0)
                 f.lines.append(
                     f"seed {seed}, {arm}: {v.name} adds the efficiency reward; one-step submissions "
                     f"{_fmt(first, 2)} -> {_fmt(last, 2)} of train rollouts, distinct completions per group "
                     f"{_fmt(d_first, 2)} -> {_fmt(d_last, 2)}; clean {_fmt(v.clean_greedy)}; rules "
                     f"{', '.join(v.rules) or 'none'}; {v.decision} after {v.steps} steps"
+                    + (" (the collapse guard stopped it early)" if stopped else "")
                     + ("" if collapsed else " (no collapse by this measure)")
                 )
                 if arm == "full":
-                    ok = ok and collapsed and v.decision != "promoted"
+                    ok = ok and collapsed and v.decision == "rejected"
         f.holds[seed] = ok if _full_tried(arms, "efficiency_reward") else None
         if not seen:
             f.lines.append(f"seed {seed}: no arm proposed the efficiency reward")

@@ -686,8 +686,12 @@ class Coach:
 def proposed_decision(verdict: Verdict, diagnosis: dict[str, Any]) -> tuple[str, str]:
     """Promote only a gain that clears the noise floor (the paired bootstrap's 95% interval above 0)
     with no critical rule standing against it; a higher score with a critical rule (a leak, a
-    collapse) is rejected with that reason and kept as negative evidence. Regressions are rejected;
-    mixed or insufficient evidence is pruned."""
+    collapse) is rejected with that reason and kept as negative evidence. A run the collapse guard
+    stopped early is rejected whatever it scores. Regressions are rejected; mixed or insufficient
+    evidence is pruned."""
+    stopped = [r for r in diagnosis.get("rules", []) if r["rule"] == "stopped_early"]
+    if stopped:
+        return "rejected", f"stopped early: {stopped[0]['explanation']}"
     if verdict.label == "improved":
         critical = [r for r in diagnosis.get("rules", []) if r["severity"] == "critical"]
         if critical:

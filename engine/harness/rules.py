@@ -36,6 +36,19 @@ def leak(f: Findings, ctx: Context) -> RuleResult | None:
 
 
 @rule(
+    "stopped_early",
+    priority=1,
+    candidate_kinds=("reward: remove or cap the shaped component", "optimizer: lower learning_rate"),
+)
+def stopped_early(f: Findings, ctx: Context) -> RuleResult | None:
+    """The collapse guard ended the run: the policy was collapsing into one-step episodes."""
+    stop = f.get("behavior.stopped_early")
+    if stop is None:
+        return None
+    return RuleResult(stop.explanation, "critical", ("behavior.stopped_early",))
+
+
+@rule(
     "dead_training",
     priority=2,
     candidate_kinds=("optimizer: learning_rate", "reward: continuous correctness"),

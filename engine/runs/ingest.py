@@ -33,5 +33,12 @@ def ingest_run(store: Store, run_id: str, run_dir: Path) -> IngestReport:
     with store.transaction():
         report.metric_rows = store.upsert_metrics(run_id, metric_rows(events))
         report.rollout_rows = store.ingest_rollout_files(run_id, files)
+        for e in events:
+            if e.get("type") == "stopped":  # the collapse guard ended training early (once per run)
+                known = "SELECT count(*) FROM events WHERE run_id = ? AND kind = 'stopped_early'"
+                if not store.query_one(known, [run_id])[0]:  # type: ignore[index]
+                    run = store.get_run(run_id)
+                    payload = {"step": e["step"], "reason": e["reason"]}
+                    store.add_event("stopped_early", payload, run_id=run_id, version=run.version if run else None)
         store.set_events_offset(run_id, new_offset)
     return report

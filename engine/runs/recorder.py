@@ -47,6 +47,7 @@ class RolloutRecorder:
         self._pending: dict[str, list[float]] = {}
         #: The weighted reward of each completion of the last batch, in batch order (the group filter reads it).
         self.last_rewards: list[float] = []
+        self.last_batch: RolloutBatch | None = None  # the latest train step's rollouts
 
     @property
     def reward_weights(self) -> list[float]:
@@ -149,6 +150,7 @@ class RolloutRecorder:
 
     def _write(self, batch: RolloutBatch, step: int) -> None:
         self.last_rewards = list(batch.reward)
+        self.last_batch = batch
         file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         if self.events is not None:
             self.events.write("rollouts", step=step, split="train", file=file, rows=len(batch))

@@ -26,6 +26,7 @@ from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warm
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
 from engine.runs.evaluate import evaluate
 from engine.runs.group_filter import GroupFilter
+from engine.runs.guard import CollapseGuard, step_stats
 from engine.runs.recorder import RolloutRecorder
 from engine.runs.spec import RunSpec
 
@@ -136,7 +137,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         reward_funcs=recorder.reward_functions(),
         args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
         train_dataset=grpo_dataset(domain, spec.config.data.exclude_tasks),
-        callbacks=[_EventCallback(spec, run_dir, events, tokenizer)],
+        callbacks=[_EventCallback(spec, run_dir, events, tokenizer), _GuardCallback(recipe, recorder, events)],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
         if recorder.agentic
@@ -198,6 +199,29 @@ class _EventCallback(TrainerCallback):
         every = self.spec.config.recipe.eval_every
         if every and state.global_step % every == 0 and state.global_step < state.max_steps and model is not None:
             _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, state.global_step)
+
+
+class _GuardCallback(TrainerCallback):
+    """The collapse guard on each step's train episodes (multi-turn domains): ends training
+    early, with a `stopped` event that says why."""
+
+    def __init__(self, recipe: RecipeConfig, recorder: RolloutRecorder, events: EventLog):
+        self.guard = CollapseGuard(recipe.collapse_guard)
+        self.group = recipe.num_generations
+        self.recorder = recorder
+        self.events = events
+        self.seen: int | None = None
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        batch = self.recorder.last_batch
+        if not self.recorder.agentic or batch is None or batch.step == self.seen:
+            return
+        self.seen = batch.step
+        correct = [c.get("correctness", 0.0) for c in batch.reward_components]
+        reason = self.guard.observe(step_stats(batch.num_turns, correct, batch.completion, self.group))
+        if reason is not None:
+            self.events.write("stopped", step=state.global_step, reason=reason)
+            control.should_training_stop = True
 
 
 def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:

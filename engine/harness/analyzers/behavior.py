@@ -237,6 +237,29 @@ def history_use(ctx: Context) -> list[Finding]:
     ]
 
 
+@analyzer("collapse_guard", "behavior")
+def collapse_guard(ctx: Context) -> list[Finding]:
+    """Whether the collapse guard stopped the run early (the step; its reason as explanation)."""
+    rows = ctx.q(
+        """
+        SELECT (payload->>'step')::INT, payload->>'reason' FROM events
+        WHERE run_id = $run AND kind = 'stopped_early' ORDER BY id LIMIT 1
+        """
+    )
+    if not rows:
+        return []
+    step, reason = rows[0]
+    return [
+        Finding(
+            "behavior.stopped_early",
+            float(step),
+            "critical",
+            f"the collapse guard stopped the run at step {step} of {ctx.run.total_steps}: {reason}",
+            steps=(step,),
+        )
+    ]
+
+
 @analyzer("behavior_by_outcome", "behavior")
 def behavior_by_outcome(ctx: Context) -> list[Finding]:
     """Tool calls and self-testing in successful vs failed rollouts."""
