@@ -378,9 +378,13 @@ def run_arm(
 
 
 def transfer_skills(template: str, dest: Path, settings: BenchSettings, say: Say) -> list[Path]:
-    """One round of the full loop on another domain's template; the skill cards it writes."""
+    """One round of the full loop on another domain's template, with that template's own version
+    length and val set (shorter versions promoted nothing there); the skill cards it writes."""
     ws = init_workspace(dest, template)
-    ws = _commit_edits(ws, _arm_edits(ws.load_config(), settings, settings.seeds[0]), "bench settings")
+    edits = _arm_edits(ws.load_config(), settings, settings.seeds[0])
+    for own in ("recipe.steps", "domain.val_size", "policy.warmup.steps"):
+        edits.pop(own, None)
+    ws = _commit_edits(ws, edits, "bench settings")
     with Engine(ws) as engine:
         say(f"  transfer: one round of the full loop on template {template!r}")
         Coach(engine, answer=approve_everything, harness="full").run(engine.config.coach.branches)
