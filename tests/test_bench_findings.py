@@ -90,5 +90,5 @@ def test_the_main_table_has_one_row_per_arm_with_seed_spread() -> None:
     rows = main_table(results(False, seed=0) + results(False, seed=1))
     assert [r[0] for r in rows[1:]] == ["base", "hand", "score-only", "full"]
     full = rows[-1]
-    assert full[1] == "0.360 ± 0.000" and full[4] == "2.0" and full[5] == "40"
+    assert full[1] == "0.360 ± 0.000" and full[4] == "2" and full[5] == "40"
     assert full[7] == "2 promoted, 2 rejected"
