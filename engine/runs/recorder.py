@@ -45,9 +45,8 @@ class RolloutRecorder:
         #: The episodes of the batch being scored (multi-turn domains; set by `rollout_function`).
         self.episodes: list[EpisodeRollout] = []
         self._pending: dict[str, list[float]] = {}
-        #: The weighted reward of each completion of the last batch, in batch order (the group filter reads it).
-        self.last_rewards: list[float] = []
-        self.last_batch: RolloutBatch | None = None  # the latest train step's rollouts
+        #: The latest train step's rollouts, in batch order (the group filter and the collapse guard read it).
+        self.last_batch: RolloutBatch | None = None
 
     @property
     def reward_weights(self) -> list[float]:
@@ -149,7 +148,6 @@ class RolloutRecorder:
         self._write(batch, step)
 
     def _write(self, batch: RolloutBatch, step: int) -> None:
-        self.last_rewards = list(batch.reward)
         self.last_batch = batch
         file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         if self.events is not None:

@@ -163,7 +163,8 @@ class FilteringGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         if self.group_filter is None or self.recorder is None or not self.model.training:
             return output
-        rewards = np.asarray(self.recorder.last_rewards, dtype=float).reshape(-1, self.num_generations)
+        assert self.recorder.last_batch is not None  # the reward functions just wrote it
+        rewards = np.asarray(self.recorder.last_batch.reward, dtype=float).reshape(-1, self.num_generations)
         keep = self.group_filter.keep(rewards.std(axis=1))
         rows = torch.as_tensor(np.repeat(keep, self.num_generations), device=output["completion_mask"].device)
         output["completion_mask"] = output["completion_mask"] * rows.unsqueeze(1).int()
