@@ -68,6 +68,26 @@ class Domain(Protocol):
 
 
 # -- multi-turn (agentic) domains -------------------------------------------------------------------
+# The tools of the agentic protocol, by role. The habits below are defined here once: the behavior
+# analyzers (SQL over `rollouts.tool_calls`) and the reward components of the same names (Python
+# over an `Episode`) both build on these constants, so a rate the harness reports and the reward
+# that pays for it cannot drift apart.
+#
+# - search before edit: a look (any of LOOK_TOOLS) comes before the first edit;
+# - edit then test: a test comes after the last edit, i.e. the final code was tested.
+#
+# An edit is any call of EDIT_TOOL, failed or not. Both habits are about editing episodes: the
+# harness reports them as shares of the rollouts that edited, and the rewards score an episode
+# without an edit 0.
+
+#: Tools that look at the code before changing it.
+LOOK_TOOLS = ("search", "read")
+EDIT_TOOL = "edit"
+TEST_TOOL = "test"
+#: History commands: reading future commits can leak a fix (the leak the harness must catch).
+HISTORY_TOOLS = ("git_log", "git_show", "git_diff")
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """One tool call of an episode, as stored in `rollouts.tool_calls` (the harness reads these).

@@ -6,6 +6,10 @@ cached by transcript: the samples of a GRPO group often repeat each other. Anyth
 wrong (no key, an API error, a malformed answer) falls back to the offline rubric for that
 episode and is counted, never raised: a reward must not crash a training step. The key comes
 from `ANTHROPIC_API_KEY` only, and no error text that could carry it is kept.
+
+The count reaches the user: each training step logs the share of its episodes the rubric scored
+instead (`FALLBACK_RATIO`) and how many per kind of failure (`FALLBACKS_PREFIX` + kind), and the
+harness reports them (`signal.judge_fallback_ratio`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from engine.domains.base import Episode
@@ -26,6 +31,11 @@ action with one line. A good episode: every line is a valid action written exact
 repeated without need, the agent looks before it edits, tests after editing, and ends with
 `submit`. Score instruction following only (not whether the fix is right): 1 = follows the protocol
 perfectly, 0 = ignores it."""
+
+#: Step metrics (TRL-style names): the share of the step's episodes that the Claude judge could not
+#: score, so the fallback scored them; and one count per kind of failure, `judge/fallbacks/<kind>`.
+FALLBACK_RATIO = "judge/fallback_ratio"
+FALLBACKS_PREFIX = "judge/fallbacks/"
 
 SCORE_TOOL = {
     "name": "score",
@@ -39,6 +49,22 @@ SCORE_TOOL = {
         "required": ["score", "reason"],
     },
 }
+
+
+@dataclass(frozen=True)
+class JudgeTally:
+    """What a judge did since the last tally: episodes it scored (by Claude, from its cache, or by
+    the fallback), and those the fallback scored, by kind of failure."""
+
+    scored: int
+    fallbacks: dict[str, int]
+
+    def metrics(self) -> dict[str, float]:
+        """The step metrics (`FALLBACK_RATIO`, `FALLBACKS_PREFIX` + kind); none when nothing was scored."""
+        if not self.scored:
+            return {}
+        kinds = {FALLBACKS_PREFIX + kind: float(n) for kind, n in sorted(self.fallbacks.items())}
+        return {FALLBACK_RATIO: sum(self.fallbacks.values()) / self.scored, **kinds}
 
 
 class ClaudeJudge:
@@ -68,12 +94,24 @@ class ClaudeJudge:
         #: Episodes scored by Claude, and by the fallback (with the kind of failure).
         self.judged = 0
         self.fallbacks: dict[str, int] = {}
+        # Since the last `take_tally`: episodes scored in any way (cache hits too), and fallbacks.
+        self._scored = 0
+        self._fell_back: dict[str, int] = {}
 
     @property
     def available(self) -> bool:
         return self._client is not None
 
+    def take_tally(self) -> JudgeTally:
+        """What this judge did since the previous call (a training step logs it per batch)."""
+        with self._lock:
+            tally = JudgeTally(self._scored, self._fell_back)
+            self._scored, self._fell_back = 0, {}
+        return tally
+
     def __call__(self, episode: Episode) -> float:
+        with self._lock:
+            self._scored += 1
         if self._client is None:
             return self._fall_back(episode, "no key")
         transcript = episode.task.prompt + episode.transcript()
@@ -113,4 +151,5 @@ class ClaudeJudge:
     def _fall_back(self, episode: Episode, why: str) -> float:
         with self._lock:
             self.fallbacks[why] = self.fallbacks.get(why, 0) + 1
+            self._fell_back[why] = self._fell_back.get(why, 0) + 1
         return self.fallback(episode)

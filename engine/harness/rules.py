@@ -3,6 +3,8 @@ and names the kinds of intervention worth proposing. Priority orders them when s
 
 from __future__ import annotations
 
+from engine.grpo import MIN_KEEP_RATIO
+from engine.harness.analyzers.signal import DEAD_GROUPS_CRITICAL, DEAD_GROUPS_WARNING
 from engine.harness.base import Context, Findings, RuleResult, rule
 
 
@@ -75,12 +77,12 @@ def dead_training(f: Findings, ctx: Context) -> RuleResult | None:
 def insufficient_signal(f: Findings, ctx: Context) -> RuleResult | None:
     """Many dead groups and one reward value dominating: GRPO has few advantages to learn from."""
     dead, mode = f.value("signal.dead_group_ratio"), f.value("signal.reward_mode_share")
-    if dead is None or mode is None or dead <= 0.3 or mode <= 0.6:
+    if dead is None or mode is None or dead <= DEAD_GROUPS_WARNING or mode <= 0.6:
         return None
     return RuleResult(
         f"{dead:.0%} of groups are dead and {mode:.0%} of rollouts share one reward value: "
         "make the reward continuous or add a signal",
-        "critical" if dead > 0.5 else "warning",
+        "critical" if dead > DEAD_GROUPS_CRITICAL else "warning",
         ("signal.dead_group_ratio", "signal.reward_mode_share"),
     )
 
@@ -185,7 +187,7 @@ def length_gaming(f: Findings, ctx: Context) -> RuleResult | None:
 @rule("over_filtering", priority=9, candidate_kinds=("filter: lower the std threshold",))
 def over_filtering(f: Findings, ctx: Context) -> RuleResult | None:
     keep = f.value("signal.filter_keep_ratio")
-    if keep is None or keep >= 0.3:
+    if keep is None or keep >= MIN_KEEP_RATIO:
         return None
     return RuleResult(f"the group filter keeps only {keep:.0%} of groups", "warning", ("signal.filter_keep_ratio",))
 

@@ -7,6 +7,10 @@ file (group id, sample index, every component, total, truncation, length) and lo
 For a multi-turn domain the batch was played by `rollout_func` (see `rollout_function`), which
 hands the recorder its episodes; the components score episodes, and every rollout is stored with
 its turns and tool calls.
+
+When a weighted component is the Claude judge, each step also logs the share of the batch the
+judge could not score (its offline fallback scored it) and the kinds of failure, as metrics
+(`engine.domains.judge.FALLBACK_RATIO`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from typing import Any
 
 from engine.domains import Domain, Task, weighted
 from engine.domains.base import is_agentic
+from engine.domains.judge import ClaudeJudge
 from engine.runs.artifacts import EventLog, RolloutBatch, write_rollouts
 from engine.runs.episodes import EpisodeRollout, add_episode, play
 
@@ -40,7 +45,12 @@ class RolloutRecorder:
         self.stop_ids = set(eos_token_ids)
         self.events = events
         self.agentic = is_agentic(domain)
-        self.components = list(domain.episode_rewards if self.agentic else domain.reward_components)  # type: ignore[attr-defined]
+        rewards = domain.episode_rewards if self.agentic else domain.reward_components  # type: ignore[attr-defined]
+        self.components = list(rewards)
+        #: The Claude judge when it pays part of the reward (a weight of 0 only logs its scores).
+        self.judge: ClaudeJudge | None = next(
+            (fn for name, fn in rewards.items() if isinstance(fn, ClaudeJudge) and self.weights.get(name, 0.0)), None
+        )
         self._tasks: dict[str, Task] = {t.task_id: t for t in domain.tasks("train")}
         #: The episodes of the batch being scored (multi-turn domains; set by `rollout_function`).
         self.episodes: list[EpisodeRollout] = []
@@ -150,5 +160,9 @@ class RolloutRecorder:
     def _write(self, batch: RolloutBatch, step: int) -> None:
         self.last_batch = batch
         file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
+        # Taken every batch, so a tally never spills into the next step's.
+        judge = self.judge.take_tally().metrics() if self.judge is not None else {}
         if self.events is not None:
             self.events.write("rollouts", step=step, split="train", file=file, rows=len(batch))
+            if judge:
+                self.events.write("metrics", step=step, values=judge)

@@ -8,46 +8,68 @@ traces still get the trace-free analyzers (format violations, completion diversi
 
 from __future__ import annotations
 
+from engine.domains.base import EDIT_TOOL, HISTORY_TOOLS, LOOK_TOOLS, TEST_TOOL
 from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
 
-HISTORY_TOOLS = ("git_log", "git_show", "git_diff")
+
+def _any_of(tools: tuple[str, ...]) -> str:
+    """SQL: the trace uses any of `tools` (an OR of list_contains: twice as fast as list_has_any here)."""
+    return "(" + " OR ".join(f"list_contains(tools, '{t}')" for t in tools) + ")"
+
+
+def _first_of(tools: tuple[str, ...]) -> str:
+    """SQL: the 1-based position of the first call of any of `tools`, 0 when there is none
+    (`least` skips the NULL position of an absent tool)."""
+    positions = ", ".join(f"list_position(tools, '{t}')" for t in tools)
+    return f"coalesce(least({positions}), 0)"
+
+
+def _last_of(tool: str) -> str:
+    """SQL: the 1-based position of the last call of `tool`, 0 when there is none."""
+    return f"coalesce(len(tools) + 1 - list_position(list_reverse(tools), '{tool}'), 0)"
+
 
 # One row per traced train rollout: every behavior feature as a scalar, computed with list
 # functions in one pass. `$files` lists the run's edited files so that an edited-file set
-# becomes a bit mask (runs with more than 64 distinct files get no mask).
+# becomes a bit mask (runs with more than 64 distinct files get no mask). The habits
+# (`looked_first`, `tested_after_edit`) follow their one definition in `engine.domains.base`,
+# the one the SWE reward components of the same names use.
 FEATURES_SQL = f"""
 WITH t AS (
     SELECT step, group_id, sample_idx, reward, completion_length, num_turns,
            coalesce(reward_components['correctness'], reward) AS success,
            tool_calls AS calls, list_transform(tool_calls, lambda c: c.tool) AS tools,
-           flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files)) AS edited
+           flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = '{EDIT_TOOL}'), lambda c: c.files))
+               AS edited
     FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
+), p AS (
+    -- positions are 1-based, 0 when absent: the comparisons below stay two-valued
+    SELECT *, {_first_of(LOOK_TOOLS)} AS first_look, {_first_of((EDIT_TOOL,))} AS first_edit,
+           {_last_of(EDIT_TOOL)} AS last_edit, {_last_of(TEST_TOOL)} AS last_test
+    FROM t
 )
 SELECT step, group_id, sample_idx, reward, success, completion_length,
        len(calls) AS n_calls,
        coalesce(num_turns, list_max(list_transform(calls, lambda c: c.turn)) + 1, 0) AS n_turns,
        len(list_filter(calls, lambda c: NOT c.ok)) AS n_failed,
-       len(list_filter(tools, lambda x: x = 'edit')) AS n_edits,
-       len(list_filter(calls, lambda c: c.tool = 'edit' AND NOT c.ok)) AS n_failed_edits,
-       -- list_position is NULL when absent; 0 keeps the comparisons below two-valued
-       coalesce(list_position(tools, 'search'), 0) AS first_search,
-       coalesce(list_position(tools, 'edit'), 0) AS first_edit,
-       list_contains(tools, 'test') AS tested,
-       -- OR of list_contains: twice as fast as list_has_any here
-       ({" OR ".join(f"list_contains(tools, '{t}')" for t in HISTORY_TOOLS)}) AS used_history,
-       calls[list_position(tools, 'edit')].turn AS first_edit_turn,
-       coalesce(list_position(tools, 'edit'), 0) > 0
-           AND list_contains(list_slice(tools, list_position(tools, 'edit') + 1, len(tools)), 'test')
-           AS tested_after_edit,
+       len(list_filter(tools, lambda x: x = '{EDIT_TOOL}')) AS n_edits,
+       len(list_filter(calls, lambda c: c.tool = '{EDIT_TOOL}' AND NOT c.ok)) AS n_failed_edits,
+       first_edit,
+       list_contains(tools, '{TEST_TOOL}') AS tested,
+       {_any_of(HISTORY_TOOLS)} AS used_history,
+       calls[first_edit].turn AS first_edit_turn,  -- NULL without an edit (DuckDB lists start at 1)
+       first_edit > 0 AND first_look > 0 AND first_look < first_edit AS looked_first,
+       last_edit > 0 AND last_test > last_edit AS tested_after_edit,
        CASE WHEN len($files) <= 64 THEN coalesce(list_aggregate(
            list_transform(edited, lambda f: 1::UBIGINT << (list_position($files, f) - 1)::UBIGINT), 'bit_or'), 0)
        END AS edit_mask
-FROM t
+FROM p
 """
 
-EDITED_FILES_SQL = """
+EDITED_FILES_SQL = f"""
 SELECT coalesce(list(DISTINCT f ORDER BY f), []) FROM (
-    SELECT unnest(flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files))) AS f
+    SELECT unnest(flatten(list_transform(list_filter(tool_calls, lambda c: c.tool = '{EDIT_TOOL}'), lambda c: c.files)))
+        AS f
     FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
 )
 """
@@ -104,14 +126,15 @@ def tool_use(ctx: Context) -> list[Finding]:
 
 @analyzer("habits", "behavior")
 def habits(ctx: Context) -> list[Finding]:
-    """Self-test rate (< 50% warning), search-before-edit and edit-then-test rates, first-edit turn."""
+    """Self-test rate (< 50% warning), search-before-edit and edit-then-test rates (shares of the
+    rollouts that edited; `engine.domains.base` defines both habits), first-edit turn."""
     f = _features(ctx)
     if f is None:
         return []
     self_test, search_first, test_after, first_edit_turn = ctx.q1(
         f"""
         SELECT avg(tested::INT),
-               avg((first_search > 0 AND first_search < first_edit)::INT) FILTER (WHERE first_edit > 0),
+               avg(looked_first::INT) FILTER (WHERE first_edit > 0),
                avg(tested_after_edit::INT) FILTER (WHERE first_edit > 0),
                avg(first_edit_turn) FILTER (WHERE first_edit > 0)
         FROM {f}
@@ -129,13 +152,13 @@ def habits(ctx: Context) -> list[Finding]:
             "behavior.search_before_edit_rate",
             search_first,
             "info",
-            "share of editing rollouts that searched first",
+            "share of editing rollouts that searched or read before the first edit",
         ),
         Finding(
             "behavior.edit_then_test_rate",
             test_after,
             "info",
-            "share of editing rollouts that tested after editing",
+            "share of editing rollouts that ran the tests after the last edit",
         ),
         Finding("behavior.first_edit_turn", first_edit_turn, "info", "mean turn of the first edit"),
     ]
@@ -182,10 +205,10 @@ def solution_diversity(ctx: Context) -> Finding | None:
         )
     else:  # too many files for a 64-bit mask: compare the sets themselves
         (similarity,) = ctx.q1(
-            """
+            f"""
             WITH s AS (
                 SELECT step, group_id, sample_idx, list_distinct(flatten(list_transform(
-                    list_filter(tool_calls, lambda c: c.tool = 'edit'), lambda c: c.files))) AS e
+                    list_filter(tool_calls, lambda c: c.tool = '{EDIT_TOOL}'), lambda c: c.files))) AS e
                 FROM rollouts WHERE run_id = $run AND split = 'train' AND tool_calls IS NOT NULL
             )
             SELECT avg(CASE WHEN len(list_distinct(list_concat(a.e, b.e))) = 0 THEN 1.0

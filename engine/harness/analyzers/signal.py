@@ -5,9 +5,16 @@ Thresholds are the defaults of the public EvoTrainer playbook.
 
 from __future__ import annotations
 
+from engine.domains.judge import FALLBACK_RATIO, FALLBACKS_PREFIX
+from engine.grpo import DEAD_STD, MIN_KEEP_RATIO
 from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
 
-DEAD_STD = 1e-3  # a group whose reward std is below this gives GRPO no advantage
+#: Share of dead groups (over the run's last window) that is a warning, and that is critical.
+DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL = 0.3, 0.5
+
+#: Above this share of episodes scored by the offline rubric instead of Claude, the `judge`
+#: reward is a mix of two judges' scales, and the run did not train on the judge it configured.
+JUDGE_FALLBACK_WARNING = 0.1
 
 _GROUPS = f"""
     WITH g AS (
@@ -20,7 +27,7 @@ _GROUPS = f"""
 
 @analyzer("dead_groups", "signal")
 def dead_groups(ctx: Context) -> list[Finding]:
-    """Share of GRPO groups whose reward std < 1e-3, over the run and over its last window."""
+    """Share of GRPO groups whose reward std < DEAD_STD, over the run and over its last window."""
     overall, recent, n_groups = ctx.q1(
         _GROUPS + "SELECT avg(dead::INT), avg(dead::INT) FILTER (WHERE step > (SELECT cut FROM last)), count(*) FROM g"
     )
@@ -36,13 +43,18 @@ def dead_groups(ctx: Context) -> list[Finding]:
         Finding(
             "signal.dead_group_ratio",
             overall,
-            severity_above(recent, 0.3, 0.5),
+            severity_above(recent, DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL),
             f"{overall:.0%} of {n_groups} groups had no reward spread (last window {recent:.0%})",
-            threshold=0.3,
+            threshold=DEAD_GROUPS_WARNING,
             steps=tuple(r[0] for r in worst),
             rollouts=tuple(r[0] for r in examples),
         ),
-        Finding("signal.dead_group_ratio_recent", recent, severity_above(recent, 0.3, 0.5), threshold=0.3),
+        Finding(
+            "signal.dead_group_ratio_recent",
+            recent,
+            severity_above(recent, DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL),
+            threshold=DEAD_GROUPS_WARNING,
+        ),
     ]
 
 
@@ -100,6 +112,35 @@ def reward_components(ctx: Context) -> list[Finding]:
             )
         )
     return out
+
+
+@analyzer("judge_fallbacks", "signal")
+def judge_fallbacks(ctx: Context) -> Finding | None:
+    """Share of episodes the Claude judge could not score, so the offline rubric scored them
+    instead (warning above JUDGE_FALLBACK_WARNING), with the kinds of failure. Only runs whose
+    reward weighs the Claude judge log it."""
+    ratio, n_steps, worst = ctx.q1(
+        """SELECT avg(value), count(*), max_by(step, value, 5) FILTER (WHERE value > 0) FROM metrics
+           WHERE run_id = $run AND key = $ratio AND value IS NOT NULL""",
+        {"ratio": FALLBACK_RATIO},
+    )
+    if not n_steps:
+        return None
+    kinds = ctx.q(
+        """SELECT substr(key, length($prefix) + 1), sum(value)::BIGINT FROM metrics
+           WHERE run_id = $run AND starts_with(key, $prefix) GROUP BY 1 ORDER BY 2 DESC, 1""",
+        {"prefix": FALLBACKS_PREFIX},
+    )
+    why = ", ".join(f"{kind} x{n}" for kind, n in kinds) or "no failures"
+    return Finding(
+        "signal.judge_fallback_ratio",
+        ratio,
+        severity_above(ratio, JUDGE_FALLBACK_WARNING),
+        f"the Claude judge could not score {ratio:.0%} of episodes (mean of {n_steps} steps); the offline "
+        f"rubric scored them instead ({why})",
+        threshold=JUDGE_FALLBACK_WARNING,
+        steps=tuple(sorted(worst or ())),
+    )
 
 
 @analyzer("truncation", "signal")
@@ -234,9 +275,9 @@ def optimizer(ctx: Context) -> list[Finding]:
             Finding(
                 "signal.filter_keep_ratio",
                 keep,
-                severity_below(keep, 0.3),
+                severity_below(keep, MIN_KEEP_RATIO),
                 f"the group filter kept {keep:.0%} of groups",
-                threshold=0.3,
+                threshold=MIN_KEEP_RATIO,
             )
         )
     return out
