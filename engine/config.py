@@ -1,7 +1,13 @@
 """`workspace.toml`: the typed configuration of a workspace, and its validation errors.
 
 Every section is a pydantic model that forbids unknown fields, so a typo is an error that names
-the file, the line, the field and what is allowed, never a silently ignored setting.
+the file, the line, the field and what is allowed, never a silently ignored setting. Values are
+strict (`enabled = "yes"` or `steps = true` is an error, not a guess; an integer is still a valid
+float) and finite (TOML can spell `inf` and `nan`; no field means either).
+
+This module is a leaf of the engine (an import-linter contract in pyproject.toml holds it to that):
+what the domains need to know about their sections, such as the names of their reward components,
+is defined here and the domains read it.
 """
 
 from __future__ import annotations
@@ -9,15 +15,26 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from engine.grpo import DEAD_STD
 
 CONFIG_FILE = "workspace.toml"
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no lax coercion ("yes" -> True, 1 -> True, "300" -> 300); pydantic's strict mode
+    # still takes an int for a float, as TOML's `learning_rate = 1` should be.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+#: A sampling temperature (rollouts and evaluation alike).
+Temperature = Annotated[float, Field(gt=0, le=10)]
+#: The weight of one reward component. Weights are relative, so a ratio of 100 to the smallest
+#: sensible weight (0.1 on `format`) is far more than any recipe needs; 1e308 only overflows.
+RewardWeight = Annotated[float, Field(ge=0, le=100)]
 
 
 class WorkspaceMeta(_Section):
@@ -25,8 +42,18 @@ class WorkspaceMeta(_Section):
     description: str = ""
 
 
-class MathDomainConfig(_Section):
+class _DomainSection(_Section):
+    #: The names of the domain's reward components, in the order it scores them: the one
+    #: definition that `[recipe.rewards]` is checked against and that the domain's class builds
+    #: its reward functions from (`engine.domains.reward_functions`). None: known only once the
+    #: domain's code is loaded (a custom domain).
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None]
+
+
+class MathDomainConfig(_DomainSection):
     """Multi-step arithmetic: `a+b-c...` with the intermediate results written out."""
+
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = ("correctness", "format", "closeness")
 
     name: Literal["math"] = "math"
     seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
@@ -49,8 +76,10 @@ class MathDomainConfig(_Section):
         return self
 
 
-class CodeDomainConfig(_Section):
+class CodeDomainConfig(_DomainSection):
     """Small Python functions judged by unit tests run in the sandbox (`engine/domains/code.py`)."""
+
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = ("correctness", "pass_fraction", "format")
 
     name: Literal["code"] = "code"
     seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
@@ -83,8 +112,11 @@ class CodeDomainConfig(_Section):
         return self
 
 
-class CustomDomainConfig(_Section):
+class CustomDomainConfig(_DomainSection):
     """A domain written by the user in `<workspace>/domains/<module>.py` (see docs/custom_domains.md)."""
+
+    #: Checked against the module's own `reward_components` when it is loaded (`load_custom_domain`).
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = None
 
     name: Literal["custom"] = "custom"
     module: str = Field(
@@ -97,8 +129,19 @@ class CustomDomainConfig(_Section):
     )
 
 
-class SweDomainConfig(_Section):
+class SweDomainConfig(_DomainSection):
     """Multi-turn bug fixing in tiny generated repositories with tools, visible and hidden tests."""
+
+    #: Episode rewards (`SweDomain.episode_rewards`); behavior rewards are components like any other.
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = (
+        "correctness",
+        "pass_fraction",
+        "search_before_edit",
+        "edit_then_test",
+        "efficiency",
+        "invalid_penalty",
+        "judge",
+    )
 
     name: Literal["swe"] = "swe"
     seed: int = Field(1234, description="Seed of the repository generator; train and val are derived from it.")
@@ -125,6 +168,10 @@ class SweDomainConfig(_Section):
 DomainConfig = Annotated[
     MathDomainConfig | CodeDomainConfig | SweDomainConfig | CustomDomainConfig, Field(discriminator="name")
 ]
+#: Each kind's section by its `name`, read off `DomainConfig` so that a new kind is added in one place.
+DOMAIN_SECTIONS: dict[str, type[_DomainSection]] = {
+    section.model_fields["name"].default: section for section in get_args(get_args(DomainConfig)[0])
+}
 
 
 class EmbeddedPolicyConfig(_Section):
@@ -148,13 +195,17 @@ class WarmupConfig(_Section):
 
     steps: int = Field(300, ge=1)
     batch_size: int = Field(128, ge=1)
-    learning_rate: float = Field(3e-3, gt=0)
+    learning_rate: float = Field(3e-3, gt=0, le=1)
     seed: int = 0
 
 
 class PolicyConfig(_Section):
     kind: Literal["embedded", "local"] = "embedded"
-    path: Path | None = Field(None, description="A local Hugging Face causal-LM directory (kind = 'local').")
+    path: Path | None = Field(
+        None,
+        strict=False,  # TOML has no path type: the string is the path
+        description="A local Hugging Face causal-LM directory (kind = 'local').",
+    )
     embedded: EmbeddedPolicyConfig = EmbeddedPolicyConfig()
     warmup: WarmupConfig = WarmupConfig()
 
@@ -177,7 +228,7 @@ class GroupFilterConfig(_Section):
     std is under the threshold adds nothing but normalization mass, so it is dropped from the loss."""
 
     enabled: bool = False
-    std_threshold: float = Field(1e-3, ge=0, description="Groups with a reward std under this are dropped.")
+    std_threshold: float = Field(DEAD_STD, ge=0, description="Groups with a reward std under this are dropped.")
     keep_ratio: float = Field(
         1.0, gt=0, le=1, description="Keep at most this share of groups per step, those with the largest std."
     )
@@ -206,17 +257,17 @@ class RecipeConfig(_Section):
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     epsilon: float = Field(0.2, gt=0, le=1)
     epsilon_high: float | None = Field(0.28, gt=0, le=1)
-    beta: float = Field(0.0, ge=0, description="KL coefficient; 0 disables the reference model.")
+    beta: float = Field(0.0, ge=0, le=10, description="KL coefficient; 0 disables the reference model.")
     num_generations: int = Field(8, ge=2, description="Samples per prompt: the GRPO group size.")
     prompts_per_step: int = Field(8, ge=1)
     learning_rate: float = Field(2e-5, gt=0, le=1e-2)
-    temperature: float = Field(1.0, gt=0)
+    temperature: Temperature = Field(1.0, description="Sampling temperature of the rollouts.")
     max_completion_length: int = Field(48, ge=1)
     steps: int = Field(100, ge=1)
     seed: int = 0
     scale_rewards: Literal["group", "batch", "none"] = "group"
     eval_every: int = Field(0, ge=0, description="Evaluate on val every K steps (0: only at the end).")
-    rewards: dict[str, float] = Field(
+    rewards: dict[str, RewardWeight] = Field(
         default_factory=lambda: {"correctness": 1.0, "format": 0.1},
         description="Weight of each named reward component of the domain.",
     )
@@ -227,9 +278,16 @@ class RecipeConfig(_Section):
     def _clip_range(self) -> RecipeConfig:
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
             raise ValueError(f"epsilon_high ({self.epsilon_high}) must be >= epsilon ({self.epsilon})")
-        if not self.rewards:
-            raise ValueError("rewards must name at least one reward component")
         return self
+
+    @field_validator("rewards")
+    @classmethod
+    def _some_reward(cls, rewards: dict[str, float]) -> dict[str, float]:
+        if not rewards:
+            raise ValueError("name at least one reward component")
+        if not any(rewards.values()):
+            raise ValueError("give at least one component a weight > 0 (with all weights 0 every reward is 0)")
+        return rewards
 
     @property
     def batch_size(self) -> int:
@@ -248,7 +306,7 @@ class DataConfig(_Section):
 
 class EvalConfig(_Section):
     sampled_seeds: int = Field(2, ge=1, description="Sampled passes over val (greedy is always one pass).")
-    temperature: float = Field(1.0, gt=0)
+    temperature: Temperature = Field(1.0, description="Sampling temperature of the sampled passes.")
 
 
 class BudgetConfig(_Section):
@@ -313,7 +371,8 @@ class WorkspaceConfig(_Section):
     workspace: WorkspaceMeta
     domain: DomainConfig = MathDomainConfig()
     policy: PolicyConfig = PolicyConfig()
-    recipe: RecipeConfig = RecipeConfig()
+    # Validated also when [recipe] is left out: its default rewards must exist in the domain.
+    recipe: RecipeConfig = Field(RecipeConfig(), validate_default=True)
     data: DataConfig = DataConfig()
     eval: EvalConfig = EvalConfig()
     budget: BudgetConfig = BudgetConfig()
@@ -321,20 +380,20 @@ class WorkspaceConfig(_Section):
     coach: CoachConfig = CoachConfig()
     bench: BenchConfig = BenchConfig()
 
-    @model_validator(mode="after")
-    def _reward_components_exist(self) -> WorkspaceConfig:
-        from engine.domains import reward_component_names
-
-        allowed = reward_component_names(self.domain.name)
+    @field_validator("recipe")
+    @classmethod
+    def _reward_components_exist(cls, recipe: RecipeConfig, info: ValidationInfo) -> RecipeConfig:
+        domain = info.data.get("domain")  # absent when [domain] itself is wrong (reported on its own)
+        allowed = domain.REWARD_COMPONENTS if domain is not None else None
         if allowed is None:  # a custom domain: checked against its file when it is loaded
-            return self
-        unknown = sorted(set(self.recipe.rewards) - set(allowed))
+            return recipe
+        unknown = sorted(set(recipe.rewards) - set(allowed))
         if unknown:
             raise ValueError(
                 f"recipe.rewards names unknown component(s) {unknown} for domain "
-                f"{self.domain.name!r}; allowed: {', '.join(allowed)}"
+                f"{domain.name!r}; allowed: {', '.join(allowed)}"
             )
-        return self
+        return recipe
 
 
 class WorkspaceConfigError(Exception):
@@ -352,9 +411,10 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     if not keys:
         return None
     lines = text.splitlines()
-    # Find the deepest table header that is a prefix of the field, then the key below it.
-    for depth in range(len(keys) - 1, -1, -1):
-        table, key = keys[:depth], keys[depth]
+    # Find the deepest table header that is a prefix of the field (or is the field: a section
+    # refused as a whole), then the key below it.
+    for depth in range(len(keys), -1, -1):
+        table = keys[:depth]
         start = 0
         if table:
             header = re.compile(r"^\s*\[\s*" + r"\s*\.\s*".join(map(re.escape, table)) + r"\s*\]\s*(#.*)?$")
@@ -362,11 +422,11 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
             if not found:
                 continue
             start = found[0] + 1
-        key_re = re.compile(r"^\s*" + re.escape(key) + r"\s*=")
+            if depth == len(keys):
+                return start  # the table header line
+        key_re = re.compile(r"^\s*" + re.escape(keys[depth]) + r"\s*=")
         for i in range(start, len(lines)):
-            if i > start and lines[i].lstrip().startswith("[") and table:
-                break
-            if not table and lines[i].lstrip().startswith("["):
+            if lines[i].lstrip().startswith("["):
                 break
             if key_re.match(lines[i]):
                 return i + 1
@@ -376,7 +436,9 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 
 
 def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
-    loc = err.get("loc", ())
+    loc = tuple(err.get("loc", ()))
+    if loc[:1] == ("domain",) and len(loc) > 2 and loc[1] in DOMAIN_SECTIONS:
+        loc = loc[:1] + loc[2:]  # pydantic puts the union's tag in the path: domain.math.seed is domain.seed
     field = ".".join(str(k) for k in loc) or "(top level)"
     line = _line_of(text, loc)
     where = f"{path}:{line}" if line else str(path)
@@ -388,7 +450,8 @@ def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
     elif msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     got = err.get("input")
-    suffix = f" (got {got!r})" if err["type"] not in ("missing", "model_type") and not isinstance(got, dict) else ""
+    whole = isinstance(got, dict | BaseModel)  # a section refused as a whole: its repr says nothing
+    suffix = f" (got {got!r})" if err["type"] not in ("missing", "model_type") and not whole else ""
     return f"{where}: field '{field}': {msg}{suffix}"
 
 
@@ -405,8 +468,33 @@ def parse_config(text: str, path: Path, root: Path | None = None) -> WorkspaceCo
         raise WorkspaceConfigError(path, problems) from None
 
 
-def load_config(workspace: Path) -> WorkspaceConfig:
-    path = Path(workspace) / CONFIG_FILE
+def decode_config(raw: bytes, path: Path) -> str:
+    """The text of `workspace.toml` bytes (TOML is UTF-8); `path` names them in the error."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise WorkspaceConfigError(
+            path,
+            [
+                f"{path}:{line}: not UTF-8 text (byte {exc.start} is {raw[exc.start]:#04x}: {exc.reason}); "
+                "save the file as UTF-8"
+            ],
+        ) from None
+
+
+def read_config(path: Path) -> str:
+    """The text of a `workspace.toml` file: the one reader of the file, so every caller gets the
+    same errors (not found, unreadable, not UTF-8) as a WorkspaceConfigError naming it."""
     if not path.is_file():
         raise WorkspaceConfigError(path, [f"{path}: not found; create a workspace with `evotui init DIR`"])
-    return parse_config(path.read_text(encoding="utf-8"), path, root=Path(workspace))
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise WorkspaceConfigError(path, [f"{path}: cannot be read ({exc.strerror}); check its permissions"]) from None
+    return decode_config(raw, path)
+
+
+def load_config(workspace: Path) -> WorkspaceConfig:
+    path = Path(workspace) / CONFIG_FILE
+    return parse_config(read_config(path), path, root=Path(workspace))

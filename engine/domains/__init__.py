@@ -2,38 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TypeVar
 
+from engine.config import DOMAIN_SECTIONS, DomainConfig
 from engine.domains.base import Domain, RewardFn, Task
 
-if TYPE_CHECKING:
-    from engine.config import DomainConfig
+__all__ = [
+    "Domain",
+    "RewardFn",
+    "Task",
+    "make_domain",
+    "reward_component_names",
+    "reward_functions",
+    "score",
+    "weighted",
+]
 
-__all__ = ["Domain", "RewardFn", "Task", "make_domain", "reward_component_names", "score", "weighted"]
-
-_COMPONENTS = {
-    "math": ("correctness", "format", "closeness"),
-    "code": ("correctness", "pass_fraction", "format"),
-    # Behavior rewards are components like any other (tests check these match SweDomain's).
-    "swe": (
-        "correctness",
-        "pass_fraction",
-        "search_before_edit",
-        "edit_then_test",
-        "efficiency",
-        "invalid_penalty",
-        "judge",
-    ),
-}
+Fn = TypeVar("Fn")
 
 
 def reward_component_names(domain: str) -> tuple[str, ...] | None:
     """The reward components a domain offers, or None for a custom domain: its components are
-    known only once its file is loaded (`load_custom_domain` validates them then)."""
-    if domain == "custom":
-        return None
-    return _COMPONENTS[domain]
+    known only once its file is loaded (`load_custom_domain` validates them then). Read from the
+    domain's config section (`REWARD_COMPONENTS` in engine/config.py), their one definition."""
+    if domain not in DOMAIN_SECTIONS:
+        raise KeyError(f"unknown domain {domain!r}; available: {', '.join(DOMAIN_SECTIONS)}")
+    return DOMAIN_SECTIONS[domain].REWARD_COMPONENTS
+
+
+def reward_functions(domain: str, functions: Mapping[str, Fn]) -> dict[str, Fn]:
+    """A built-in domain's reward functions, in the order of its section's `REWARD_COMPONENTS`.
+    A name without a function, or a function without a name, raises: the names a workspace may
+    weight and the functions that score them cannot drift apart."""
+    names = reward_component_names(domain) or ()
+    missing = [name for name in names if name not in functions]
+    extra = [name for name in functions if name not in names]
+    if missing or extra:
+        section = DOMAIN_SECTIONS[domain].__name__
+        raise TypeError(
+            f"the {domain} domain's reward functions do not match {section}.REWARD_COMPONENTS "
+            f"(engine/config.py): no function for {missing}, no name for {extra}; "
+            "add the function or the name so that both list the same components"
+        )
+    return {name: functions[name] for name in names}
 
 
 def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
@@ -57,7 +70,7 @@ def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
         if root is None:
             raise ValueError("a custom domain needs the workspace directory: make_domain(config, root=workspace)")
         return load_custom_domain(root, config)
-    raise ValueError(f"unknown domain {config.name!r}; available: {', '.join([*_COMPONENTS, 'custom'])}")
+    raise ValueError(f"unknown domain {config.name!r}; available: {', '.join(DOMAIN_SECTIONS)}")
 
 
 def score(domain: Domain, task: Task, completion: str, weights: dict[str, float]) -> tuple[float, dict[str, float]]:

@@ -46,6 +46,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from engine.config import CodeDomainConfig
+from engine.domains import reward_functions
 from engine.domains.base import RewardFn, Task, draw_distinct
 
 FENCE = "```"
@@ -352,6 +353,12 @@ class CodeDomain:
         self.config = config
         self._cache: OrderedDict[tuple[str, str], tuple[str, CodeVerdict]] = OrderedDict()
         self._lock = threading.Lock()
+        # Built here (the functions are bound methods), so a drift from the names in
+        # CodeDomainConfig.REWARD_COMPONENTS fails on construction.
+        self._rewards: dict[str, RewardFn] = reward_functions(
+            self.name,
+            {"correctness": self.pass_reward, "pass_fraction": self.pass_fraction_reward, "format": format_reward},
+        )
 
     # -- tasks ---------------------------------------------------------------------------------
     @cached_property
@@ -494,7 +501,7 @@ class CodeDomain:
 
     @property
     def reward_components(self) -> dict[str, RewardFn]:
-        return {"correctness": self.pass_reward, "pass_fraction": self.pass_fraction_reward, "format": format_reward}
+        return dict(self._rewards)
 
 
 def format_reward(task: Task, completion: str) -> float:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 
 from engine.config import MathDomainConfig
+from engine.domains import reward_functions
 from engine.domains.base import RewardFn, Task, draw_distinct
 
 _ANSWER = re.compile(r"A:(-?\d+)\s*$")
@@ -94,7 +95,7 @@ class MathDomain:
 
     @property
     def reward_components(self) -> dict[str, RewardFn]:
-        return {"correctness": correctness, "format": format_reward, "closeness": closeness}
+        return dict(_REWARDS)
 
 
 def _evaluate(operands: list[int], ops: list[str]) -> int:
@@ -121,3 +122,10 @@ def closeness(task: Task, completion: str) -> float:
     if answer is None:
         return 0.0
     return max(0.0, 1.0 - abs(int(answer) - int(task.answer)) / 10)
+
+
+#: Built when the module is imported, so a function missing from (or extra to) the names in
+#: `MathDomainConfig.REWARD_COMPONENTS` fails at once.
+_REWARDS: dict[str, RewardFn] = reward_functions(
+    MathDomain.name, {"correctness": correctness, "format": format_reward, "closeness": closeness}
+)

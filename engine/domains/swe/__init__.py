@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from functools import cached_property, partial
 
 from engine.config import SweDomainConfig
-from engine.domains.base import Episode, EpisodeRewardFn, RewardFn, Task
+from engine.domains import reward_functions
+from engine.domains.base import EDIT_TOOL, LOOK_TOOLS, TEST_TOOL, Episode, EpisodeRewardFn, RewardFn, Task
 from engine.domains.judge import ClaudeJudge
 from engine.domains.swe.demos import demonstration_actions
 from engine.domains.swe.env import PROMPT_MARKER, SweEnvironment, TestRunner, replay
@@ -52,6 +53,20 @@ class SweDomain:
         #: The instruction-following judge: the rubric, or Claude behind a key (`judge = "claude"`).
         self.judge: EpisodeRewardFn = (
             ClaudeJudge(rubric_score, config.judge_model) if config.judge == "claude" else rubric_score
+        )
+        # Built here (efficiency and the judge depend on the config), so a drift from the names in
+        # SweDomainConfig.REWARD_COMPONENTS fails on construction.
+        self._episode_rewards: dict[str, EpisodeRewardFn] = reward_functions(
+            self.name,
+            {
+                "correctness": correctness,
+                "pass_fraction": pass_fraction,
+                "search_before_edit": search_before_edit,
+                "edit_then_test": edit_then_test,
+                "efficiency": partial(efficiency, max_turns=self.max_turns),
+                "invalid_penalty": invalid_penalty,
+                "judge": self.judge,
+            },
         )
 
     @cached_property
@@ -156,15 +171,7 @@ class SweDomain:
 
     @property
     def episode_rewards(self) -> dict[str, EpisodeRewardFn]:
-        return {
-            "correctness": correctness,
-            "pass_fraction": pass_fraction,
-            "search_before_edit": search_before_edit,
-            "edit_then_test": edit_then_test,
-            "efficiency": partial(efficiency, max_turns=self.max_turns),
-            "invalid_penalty": invalid_penalty,
-            "judge": self.judge,
-        }
+        return dict(self._episode_rewards)
 
     def vocabulary(self) -> list[str]:
         words = [*vocabulary_words(), *PROTOCOL_WORDS, *map(str, NUMBERS)]
@@ -196,20 +203,23 @@ def _tools(episode: Episode) -> list[str]:
 
 
 def search_before_edit(episode: Episode) -> float:
-    """1 when a search or read came before the first edit; 0 otherwise, and 0 without edits."""
+    """1 when a look (search or read) came before the first edit; 0 otherwise, and 0 without edits.
+    The habit the harness reports as `behavior.search_before_edit_rate` (`engine.domains.base`
+    defines it for both)."""
     tools = _tools(episode)
-    if "edit" not in tools:
+    if EDIT_TOOL not in tools:
         return 0.0
-    return 1.0 if {"search", "read"} & set(tools[: tools.index("edit")]) else 0.0
+    return 1.0 if any(tool in LOOK_TOOLS for tool in tools[: tools.index(EDIT_TOOL)]) else 0.0
 
 
 def edit_then_test(episode: Episode) -> float:
-    """1 when the tests ran after the last edit; 0 otherwise, and 0 without edits."""
+    """1 when the tests ran after the last edit (the final code was tested); 0 otherwise, and 0
+    without edits. The habit the harness reports as `behavior.edit_then_test_rate`."""
     tools = _tools(episode)
-    if "edit" not in tools:
+    if EDIT_TOOL not in tools:
         return 0.0
-    last = len(tools) - 1 - tools[::-1].index("edit")
-    return 1.0 if "test" in tools[last + 1 :] else 0.0
+    last_edit = len(tools) - 1 - tools[::-1].index(EDIT_TOOL)
+    return 1.0 if TEST_TOOL in tools[last_edit + 1 :] else 0.0
 
 
 def efficiency(episode: Episode, max_turns: int) -> float:
