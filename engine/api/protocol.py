@@ -7,20 +7,34 @@ Every message is one JSON object on one line, at most `MAX_MESSAGE_BYTES`.
            ``{"v": 1, "id": 7, "ok": false, "error": {"type": "not_found", "message": "..."}}``
 - event    ``{"v": 1, "event": "metrics", "data": {...}}`` (pushed after ``subscribe``)
 
-Server and client validate with the same pydantic models. A malformed, oversized or
-unknown-version message gets an error reply (id null when it had none) and the connection and
-the engine go on.
+Server and client validate with the same pydantic models, strictly: a value has the JSON type
+its field says (`true` is not 1, `"1"` is not 1, `0` is not false; a float field takes an
+integer, since JSON has one number type). A malformed, oversized or unknown-version message gets
+an error reply (id null when it could not be read) and the connection and the engine go on.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20
+
+#: DuckDB's BIGINT: an integer that reaches SQL (a step, an offset) must fit in it, or the query
+#: fails as the engine's fault (`internal`) where the request was wrong (`bad_request`).
+BIGINT_MIN, BIGINT_MAX = -(2**63), 2**63 - 1
+SqlInt = Annotated[int, Field(ge=BIGINT_MIN, le=BIGINT_MAX)]
+
+#: How the engine names versions (`Engine.next_version_name`): v0, v1, v2, ... ASCII digits only,
+#: since `\d` takes any Unicode digit; 18 of them at most, far past any workspace.
+VERSION_NAME = r"^v[0-9]{1,18}$"
+VersionName = Annotated[str, Field(pattern=VERSION_NAME, description="A version: v0, v1, ...")]
+
+#: A rollout id, run/split/step/group/sample; its numbers of at most 18 digits fit a BIGINT.
+ROLLOUT_ID = r"^[^/]+/[^/]+/-?[0-9]{1,18}/-?[0-9]{1,18}/-?[0-9]{1,18}$"
 
 ErrorType = Literal[
     "bad_request",  # not JSON, or fields of the wrong type
@@ -42,7 +56,9 @@ class ProtocolError(Exception):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: lax pydantic would take `true` or "1" for 1 and 0 for false, guessing at what a
+    # client with a bug meant; the engine names the field instead.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class Request(_Strict):
@@ -77,25 +93,21 @@ class NoParams(_Strict):
 
 
 class VersionParams(_Strict):
-    version: str
-
-
-class RunParams(_Strict):
-    run_id: str
+    version: VersionName
 
 
 class MetricsParams(_Strict):
     run_id: str
     keys: list[str] = Field(default_factory=list, description="Empty: every key.")
-    after_step: int = 0
+    after_step: SqlInt = 0
 
 
 class RolloutFilter(_Strict):
-    version: str | None = None
+    version: VersionName | None = None
     run_id: str | None = None
     split: Literal["train", "val", "clean"] | None = None
-    step_min: int | None = None
-    step_max: int | None = None
+    step_min: SqlInt | None = None
+    step_max: SqlInt | None = None
     reward_min: float | None = None
     reward_max: float | None = None
     group: Literal["dead", "live"] | None = None
@@ -106,12 +118,12 @@ class RolloutFilter(_Strict):
 
 class PageParams(_Strict):
     filter: RolloutFilter = Field(default_factory=RolloutFilter)
-    offset: int = Field(0, ge=0)
+    offset: int = Field(0, ge=0, le=BIGINT_MAX)
     limit: int = Field(50, ge=1, le=500)
 
 
 class RolloutParams(_Strict):
-    rollout_id: str = Field(description="run/split/step/group/sample")
+    rollout_id: str = Field(pattern=ROLLOUT_ID, description="run/split/step/group/sample")
 
 
 class AnswerParams(_Strict):
@@ -127,23 +139,24 @@ class StartParams(_Strict):
 
 
 class ReportParams(_Strict):
-    version: str
-    against: str | None = None
+    version: VersionName
+    against: VersionName | None = None
 
 
 class BacktestParams(_Strict):
     kind: Literal["reward", "filter", "analyzer"]
-    version: str | None = Field(None, description="reward, filter: whose latest run")
+    version: VersionName | None = Field(None, description="reward, filter: whose latest run")
     weights: dict[str, float] = Field(default_factory=dict, description="reward: the candidate composition")
-    std: float = 0.05
+    # filter: the [recipe.group_filter] fields; unset ones take that section's defaults.
+    std_threshold: float | None = None
     keep_ratio: float | None = None
     ema: float | None = None
     metric: str | None = Field(None, description="analyzer: the finding's metric")
 
 
 class DiffParams(_Strict):
-    a: str
-    b: str
+    a: VersionName
+    b: VersionName
 
 
 METHODS: dict[str, type[BaseModel]] = {
@@ -174,19 +187,24 @@ def encode(message: BaseModel) -> bytes:
 
 
 def decode_request(line: bytes) -> tuple[Request, BaseModel]:
-    """A request line -> (request, its typed params). Raises ProtocolError with the request id
-    when it could be read, so that the error reply can name it."""
+    """A request line -> (request, its typed params). Raises ProtocolError, and nothing else, with
+    the request id when it could be read, so that the error reply can name it."""
     if len(line) > MAX_MESSAGE_BYTES:
         raise ProtocolError("too_large", f"message of {len(line)} bytes; the limit is {MAX_MESSAGE_BYTES}")
     try:
         raw = json.loads(line)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ProtocolError("bad_request", f"not JSON: {exc}") from None
-    request_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), int) else None
+    except RecursionError:
+        # Python's parser recurses once per level: a line a few hundred levels deep (how many
+        # depends on the stack it is parsed on) cannot be read, and no request nests past 3.
+        raise ProtocolError("bad_request", "not JSON this engine reads: nested too deeply") from None
+    except ValueError as exc:  # not JSON, not UTF-8, or an integer over Python's 4,300 digits
+        raise ProtocolError("bad_request", f"not JSON: {_clip(str(exc))}") from None
+    # `type(...) is int`: a bool is an int to Python, and an id of `true` is no id.
+    request_id = raw.get("id") if isinstance(raw, dict) and type(raw.get("id")) is int else None
     if isinstance(raw, dict) and raw.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(
             "unsupported_version",
-            f"protocol version {raw.get('v')!r}; this engine speaks {PROTOCOL_VERSION}",
+            f"protocol version {_describe(raw.get('v'))}; this engine speaks {PROTOCOL_VERSION}",
             request_id,
         )
     try:
@@ -196,7 +214,7 @@ def decode_request(line: bytes) -> tuple[Request, BaseModel]:
     model = METHODS.get(request.method)
     if model is None:
         raise ProtocolError(
-            "unknown_method", f"no method {request.method!r}; methods: {', '.join(METHODS)}", request.id
+            "unknown_method", f"no method {_clip(repr(request.method))}; methods: {', '.join(METHODS)}", request.id
         )
     try:
         params = model.model_validate(request.params)
@@ -211,11 +229,12 @@ def decode_incoming(line: bytes) -> Reply | Event:
         raise ProtocolError("too_large", f"message of {len(line)} bytes from the engine")
     try:
         raw = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise ProtocolError("bad_request", f"engine sent non-JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("bad_request", f"engine sent non-JSON: {_clip(str(exc))}") from None
     if not isinstance(raw, dict) or raw.get("v") != PROTOCOL_VERSION:
         raise ProtocolError(
-            "unsupported_version", f"engine speaks protocol {raw.get('v') if isinstance(raw, dict) else None!r}"
+            "unsupported_version",
+            f"engine speaks protocol {_describe(raw.get('v') if isinstance(raw, dict) else None)}",
         )
     try:
         return Event.model_validate(raw) if "event" in raw else Reply.model_validate(raw)
@@ -228,5 +247,20 @@ def error_reply(exc: ProtocolError) -> Reply:
 
 
 def _short(exc: ValidationError) -> str:
-    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()[:3]]
+    parts = [f"{'.'.join(_clip(str(x)) for x in e['loc']) or 'message'}: {e['msg']}" for e in exc.errors()[:3]]
     return "; ".join(parts)
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    """Sent text in an error message: short (a line of a megabyte must not come back whole) and
+    UTF-8 (a lone surrogate, which JSON's `\\ud800` can carry, would fail the reply's encoding)."""
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _describe(value: Any) -> str:
+    """A sent value in an error message; a list or an object by its type (its repr may be huge,
+    and a deep one exhausts the stack)."""
+    if isinstance(value, list | dict):
+        return f"(a JSON {'array' if isinstance(value, list) else 'object'})"
+    return _clip(repr(value))

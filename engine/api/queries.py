@@ -9,12 +9,14 @@ an ORDER BY costs 80-200 ms a page); the total is a separate count, asked with t
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from engine.api.protocol import ProtocolError, RolloutFilter
+from engine.api.protocol import ROLLOUT_ID, ProtocolError, RolloutFilter
 from engine.coach.memory import Memory
 from engine.coach.skills import SkillLibrary
+from engine.grpo import DEAD_STD
 from engine.harness.analyzers.behavior import HISTORY_TOOLS
 from engine.store import Store
 
@@ -116,10 +118,11 @@ _TRAIN_ID = "concat_ws('/', r.run_id, r.split, r.step, r.group_id, r.sample_idx)
 
 def _where(f: RolloutFilter) -> tuple[str, dict[str, Any]]:
     clauses, params = ["TRUE"], {}
-    if f.run_id:
+    # `is not None`: an empty name matches nothing; it does not lift the filter.
+    if f.run_id is not None:
         clauses.append("r.run_id = $run_id")
         params["run_id"] = f.run_id
-    if f.version:
+    if f.version is not None:
         clauses.append("r.run_id IN (SELECT id FROM runs WHERE version = $version)")
         params["version"] = f.version
     for field, op in (("step_min", ">="), ("step_max", "<="), ("reward_min", ">="), ("reward_max", "<=")):
@@ -144,7 +147,7 @@ def _where(f: RolloutFilter) -> tuple[str, dict[str, Any]]:
         clauses.append("(contains(r.prompt, $search) OR contains(r.completion, $search))")
         params["search"] = f.search
     if f.group:
-        clauses.append("r.group_std < 1e-3" if f.group == "dead" else "r.group_std >= 1e-3")
+        clauses.append(f"r.group_std < {DEAD_STD}" if f.group == "dead" else f"r.group_std >= {DEAD_STD}")
     return " AND ".join(clauses), params
 
 
@@ -169,9 +172,9 @@ def count_rollouts(store: Store, f: RolloutFilter) -> int:
 
 def rollout(store: Store, rollout_id: str) -> dict[str, Any]:
     """One rollout whole: prompt, completion, turns, tool calls, reward components, and its group."""
-    parts = rollout_id.split("/")
-    if len(parts) != 5 or not all(p.lstrip("-").isdigit() for p in parts[2:]):
+    if not re.fullmatch(ROLLOUT_ID, rollout_id):  # RolloutParams checks it; a direct caller may not have
         raise ProtocolError("bad_request", f"rollout id {rollout_id!r} is not run/split/step/group/sample")
+    parts = rollout_id.split("/")
     run_id, split, step, group, sample = parts[0], parts[1], int(parts[2]), int(parts[3]), int(parts[4])
     key = {"run": run_id, "split": split, "step": step, "group": group}
     rows = _rows(

@@ -15,6 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pydantic_core import PydanticSerializationError
+
 from engine.api.protocol import (
     MAX_MESSAGE_BYTES,
     Event,
@@ -143,6 +145,9 @@ class EngineServer:
             request, params = decode_request(line)
         except ProtocolError as exc:
             return error_reply(exc)
+        except Exception:  # noqa: BLE001 - a line decode_request failed to judge: its bug, not the client's
+            log.exception("decoding a request line failed")
+            return error_reply(ProtocolError("internal", "the engine failed to read this line; it goes on"))
         assert self.loop is not None
         try:
             result = await self.loop.run_in_executor(self.pool, self.service.handle, request.method, params)
@@ -155,6 +160,11 @@ class EngineServer:
         return Reply(id=request.id, ok=True, result=result)
 
     async def _send(self, writer: asyncio.StreamWriter, lock: asyncio.Lock, reply: Reply) -> None:
+        try:
+            data = encode(reply)
+        except PydanticSerializationError:  # a result JSON cannot carry: the engine's bug; the connection goes on
+            log.exception("reply %s could not be encoded", reply.id)
+            data = encode(error_reply(ProtocolError("internal", "the reply could not be encoded as JSON", reply.id)))
         async with lock:
-            writer.write(reply.model_dump_json().encode() + b"\n")
+            writer.write(data)
             await writer.drain()

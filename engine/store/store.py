@@ -222,7 +222,9 @@ class Store:
         return RunRecord(*row) if row else None
 
     def list_runs(self, version: str | None = None) -> list[RunRecord]:
-        where, params = ("WHERE version = ?", [version]) if version else ("", [])
+        """Runs in start order: of `version`, or of every version when it is None (only None: an
+        empty name is a version with no runs, not a missing filter)."""
+        where, params = ("WHERE version = ?", [version]) if version is not None else ("", [])
         rows = self.query(f"SELECT {_RUN_COLS} FROM runs {where} ORDER BY started_at NULLS LAST, id", params)
         return [RunRecord(*r) for r in rows]
 

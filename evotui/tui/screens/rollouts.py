@@ -23,6 +23,7 @@ from textual.timer import Timer
 from textual.widgets import DataTable, Footer, Header, Input, Label, Select, Static
 from textual.worker import Worker
 
+from engine.api.protocol import VERSION_NAME
 from evotui.tui.widgets.page_table import Cell, Column, PageTable
 from evotui.tui.widgets.rollout_detail import RolloutDetail
 
@@ -83,6 +84,8 @@ def build_filter(
     """The filter bar's text -> the `RolloutFilter` params of `page_rollouts` (only the fields set)."""
     out: dict[str, Any] = {}
     if version.strip():
+        if not re.fullmatch(VERSION_NAME, version.strip()):
+            raise FilterError("f-version", f"version {version.strip()!r}: write a version name like v3")
         out["version"] = version.strip()
     step_min, step_max = parse_range(steps, "step range", "f-step", whole=True)
     reward_min, reward_max = parse_range(rewards, "reward range", "f-reward", whole=False)
