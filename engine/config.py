@@ -302,6 +302,11 @@ class DataConfig(_Section):
         default_factory=list,
         description="Train task ids left out, e.g. hopeless prompts that no sample of the parent ever solved.",
     )
+    exclude_subsets: list[str] = Field(
+        default_factory=list,
+        description="Train task subsets left out (a task's `subset`, e.g. math's 'ops4'): an easier training "
+        "mix. Val is untouched, so versions stay comparable.",
+    )
 
 
 class EvalConfig(_Section):

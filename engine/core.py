@@ -1,8 +1,9 @@
 """The engine's core for one workspace: builds v0, creates versions, launches and follows runs,
 ingests their artifacts, judges versions and records decisions.
 
-Only the engine opens the workspace's DuckDB file. The CLI and (later) the daemon drive this class;
-it never prints: progress goes to a callback.
+Only the engine opens the workspace's DuckDB file. The coach, the daemon and the CLI drive this
+class; it never prints: progress goes to a callback. What varies per call (the harness layers a
+run is diagnosed with, the progress callback) is an argument, never state set from outside.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import signal
 import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -20,9 +21,9 @@ from typing import Any
 
 import tomli_w
 
-from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
-from engine.harness.diagnose import Diagnosis, diagnose, store_diagnosis
-from engine.harness.loader import Harness, load_harness
+from engine.config import CONFIG_FILE, WorkspaceConfig, decode_config, parse_config
+from engine.harness.diagnose import Diagnosis, diagnose, load_diagnosis, store_diagnosis
+from engine.harness.loader import Harness, Layers, load_harness
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
 from engine.runs.ingest import ingest_run
 from engine.runs.runner import LocalRunner, Runner
@@ -51,7 +52,6 @@ class RunUpdate:
 
 
 ProgressFn = Callable[[RunUpdate], None]
-DiagnosisFn = Callable[["Diagnosis"], None]
 
 
 class RunFailed(RuntimeError):
@@ -61,7 +61,7 @@ class RunFailed(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Plan:
+class VersionPlan:
     """A proposed child version: its change and the record of why."""
 
     parent: str
@@ -94,10 +94,6 @@ class Engine:
         self.store = Store(workspace.db_path)
         self.runner = runner or LocalRunner()
         self.poll_seconds = poll_seconds
-        #: Called with the diagnosis the harness makes of every run that ends.
-        self.on_diagnosis: DiagnosisFn | None = None
-        #: Diagnose with these harness layers only (None: all; ("score",) is the score-only ablation).
-        self.harness_layers: tuple[str, ...] | None = None
         #: Set from another thread (the daemon shutting down) to interrupt the run being followed.
         self.stop_requested = threading.Event()
         self.recover()
@@ -109,7 +105,6 @@ class Engine:
         other.__dict__.update(self.__dict__)
         other.store = store
         other.tree = VersionTree(self.workspace.root)  # a repository object of its own thread
-        other.on_diagnosis = None
         return other
 
     @classmethod
@@ -139,9 +134,15 @@ class Engine:
                 self._complete_training(settled)
 
     # -- versions -----------------------------------------------------------------------------
+    def config_text(self, version: str) -> str:
+        """The text of a version's workspace.toml (errors name it as `versions/vN:workspace.toml`)."""
+        return decode_config(self.tree.read(version, CONFIG_FILE), self._config_label(version))
+
     def version_config(self, version: str) -> WorkspaceConfig:
-        text = self.tree.read(version, CONFIG_FILE)
-        return parse_config(text, Path(f"{self.tree.branch(version)}:{CONFIG_FILE}"), self.workspace.root)
+        return parse_config(self.config_text(version), self._config_label(version), self.workspace.root)
+
+    def _config_label(self, version: str) -> Path:
+        return Path(f"{self.tree.branch(version)}:{CONFIG_FILE}")
 
     def next_version_name(self) -> str:
         names = {v.name for v in self.store.list_versions()} | set(self.tree.versions())
@@ -149,10 +150,9 @@ class Engine:
         return f"v{n}"
 
     def best_version(self) -> VersionRecord | None:
-        promoted = [v for v in self.store.list_versions() if v.state == "promoted"]
-        return max(promoted, key=lambda v: (_score(v), -int(v.name[1:])), default=None)
+        return best_version(self.store.list_versions())
 
-    def ensure_base(self, progress: ProgressFn | None = None) -> VersionRecord:
+    def ensure_base(self, progress: ProgressFn | None = None, layers: Layers = None) -> VersionRecord:
         """v0: the embedded policy after its warm-up (or the configured local model), evaluated."""
         base = self.store.get_version(BASE)
         if base is not None and base.state == "promoted" and base.checkpoint:
@@ -164,14 +164,14 @@ class Engine:
         config = self.version_config(BASE)
         model_in = config.policy.path if config.policy.kind == "local" else None
         out = self.workspace.model_dir(BASE)
-        self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress)
+        self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress, layers=layers)
         self.store.update_version(BASE, checkpoint=str(out.relative_to(self.workspace.root)))
         self.decide(BASE, "promoted", "base policy")
         record = self.store.get_version(BASE)
         assert record is not None
         return record
 
-    def create_version(self, plan: Plan) -> VersionRecord:
+    def create_version(self, plan: VersionPlan) -> VersionRecord:
         message = f"{plan.title}\n\nHypothesis: {plan.hypothesis}\nSuccess: {plan.success_criterion}\n"
         files = {
             **plan.files,
@@ -201,7 +201,9 @@ class Engine:
         assert record is not None
         return record
 
-    def train(self, version: str, progress: ProgressFn | None = None) -> RunRecord:
+    def train(self, version: str, progress: ProgressFn | None = None, layers: Layers = None) -> RunRecord:
+        """Train a child version from its parent's checkpoint (GRPO), evaluate it, and diagnose the
+        run with the harness `layers` (None: all)."""
         record = self.store.get_version(version)
         if record is None or record.parent is None:
             raise ValueError(f"{version} is not a trainable child version")
@@ -209,7 +211,7 @@ class Engine:
         if parent is None or not parent.checkpoint:
             raise ValueError(f"parent {record.parent} of {version} has no checkpoint")
         config = self.version_config(version)
-        if self.harness_layers is not None and "behavior" not in self.harness_layers:
+        if layers is not None and "behavior" not in layers:
             # The collapse guard reads behavior; a harness without that layer does not have it.
             guard = config.recipe.collapse_guard.model_copy(update={"enabled": False})
             config = config.model_copy(update={"recipe": config.recipe.model_copy(update={"collapse_guard": guard})})
@@ -217,7 +219,7 @@ class Engine:
         out = self.workspace.model_dir(version)
         try:
             run = self.execute(
-                version, "train", config, self.workspace.root / parent.checkpoint, out, progress=progress
+                version, "train", config, self.workspace.root / parent.checkpoint, out, progress=progress, layers=layers
             )
         except RunFailed:
             self.store.update_version(version, state="failed")
@@ -240,7 +242,12 @@ class Engine:
         parent_run, child_run = self.eval_run(record.parent), self.eval_run(version)
         if parent_run is None or child_run is None:
             raise ValueError(f"{record.parent} or {version} has no evaluation yet")
-        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id)
+        splits = ("val", "val")
+        if self.version_config(record.parent).domain != self.version_config(version).domain:
+            # The child changed the environment (e.g. closed a leak): val as each saw it is not
+            # common ground, the clean replay is (a run without one was clean already).
+            splits = (self._clean_split(parent_run.id), self._clean_split(child_run.id))
+        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits)
         self.store.update_version(version, verdict=verdict.label)
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict
@@ -270,6 +277,11 @@ class Engine:
         )
         return self.store.get_run(row[0]) if row else None
 
+    def _clean_split(self, run_id: str) -> str:
+        """'clean' when the run also replayed val in the clean environment (a leaky one), else 'val'."""
+        row = self.store.query_one("SELECT count(*) FROM rollouts WHERE run_id = ? AND split = 'clean'", [run_id])
+        return "clean" if row and row[0] else "val"
+
     def _record_scores(self, version: str, run_id: str) -> None:
         row = self.store.query_one(
             """
@@ -294,8 +306,10 @@ class Engine:
         model_in: Path | None,
         model_out: Path | None,
         progress: ProgressFn | None = None,
+        layers: Layers = None,
     ) -> RunRecord:
-        """Launch a worker for one run and follow it to the end; raises RunFailed if it fails."""
+        """Launch a worker for one run and follow it to the end, then diagnose it with the harness
+        `layers` (None: all); raises RunFailed if it fails."""
         run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
         run_dir = self.workspace.runs_dir / run_id
         spec = RunSpec(
@@ -335,7 +349,7 @@ class Engine:
         run = self._finish_run(run_id, returncode)
         if run.state == "succeeded":
             self._record_scores(version, run_id)  # a version's score is its latest evaluation
-        self.diagnose_run(run)
+        self.diagnose_run(run, layers)
         update.state = run.state
         update.error = run.error_tail
         if progress is not None:
@@ -344,15 +358,13 @@ class Engine:
             raise RunFailed(run)
         return run
 
-    def diagnose_run(self, run: RunRecord) -> Diagnosis | None:
+    def diagnose_run(self, run: RunRecord, layers: Layers = None) -> Diagnosis | None:
         """Run the harness over a finished run and store the diagnosis. A failure here is
         recorded as an event and never stops the engine."""
-        version = self.store.get_version(run.version)
-        if version is None:
+        if self.store.get_version(run.version) is None:
             return None
         try:
-            diagnosis = diagnose(self.store, run, version, self.version_config(run.version), harness=self.harness())
-            store_diagnosis(self.store, diagnosis)
+            diagnosis = self.diagnose_version(run.version, run, layers)
         except Exception as exc:  # noqa: BLE001 - the engine carries on without a diagnosis
             self.store.add_event("diagnosis_failed", {"error": f"{type(exc).__name__}: {exc}"}, run_id=run.id)
             return None
@@ -362,8 +374,6 @@ class Engine:
             run_id=run.id,
             version=run.version,
         )
-        if self.on_diagnosis is not None:
-            self.on_diagnosis(diagnosis)
         return diagnosis
 
     def _follow(self, run_id: str, run_dir: Path, update: RunUpdate, progress: ProgressFn | None) -> None:
@@ -440,24 +450,44 @@ class Engine:
         trained = [r for r in runs if r.kind == "train"]
         return (trained or runs)[-1]
 
-    def diagnose_version(self, version: str, run: RunRecord | None = None) -> Diagnosis:
-        """Diagnose a version's latest run (or `run`) again, with the workspace's current harness,
-        and store it."""
+    def diagnose_version(self, version: str, run: RunRecord | None = None, layers: Layers = None) -> Diagnosis:
+        """Diagnose a version's latest run (or `run`) again, with the workspace's current harness
+        limited to `layers`, and store it."""
         run = run or self.latest_run(version)
         record = self.store.get_version(version)
-        assert record is not None
-        diagnosis = diagnose(self.store, run, record, self.version_config(version), harness=self.harness())
+        if record is None:
+            raise ValueError(f"no version {version!r} in this workspace")
+        diagnosis = diagnose(self.store, run, record, self.version_config(version), harness=self.harness(layers))
         store_diagnosis(self.store, diagnosis)
         return diagnosis
 
-    def harness(self) -> Harness:
-        """The workspace's harness as it is now (it evolves), limited to `harness_layers` if set."""
+    def diagnosis(self, run: RunRecord, layers: Layers = None) -> Diagnosis:
+        """The run's stored diagnosis when the harness that made it is the current one (same
+        workspace files, same layers); otherwise the run diagnosed again with the current one."""
+        stored = load_diagnosis(self.store, run.id)
+        if stored is not None and stored.harness_revision == self.harness(layers).revision:
+            return stored
+        return self.diagnose_version(run.version, run, layers)
+
+    def harness(self, layers: Layers = None) -> Harness:
+        """The workspace's harness as it is now (it evolves), limited to `layers` (None: all)."""
         harness = load_harness(self.workspace.root)
-        return harness.only(self.harness_layers) if self.harness_layers else harness
+        return harness.only(layers) if layers is not None else harness
 
     def train_run(self, version: str) -> RunRecord | None:
         runs = [r for r in self.store.list_runs(version) if r.kind == "train" and r.state == "succeeded"]
         return runs[-1] if runs else None
+
+    def latest_train_run_from(self, version: str) -> RunRecord | None:
+        """The latest succeeded GRPO run that trained `version` or started from it (one of its
+        children): what training does to this policy."""
+        row = self.store.query_one(
+            """SELECT r.id FROM runs r JOIN versions v ON v.name = r.version
+               WHERE r.kind = 'train' AND r.state = 'succeeded' AND (v.name = ? OR v.parent = ?)
+               ORDER BY r.ended_at DESC LIMIT 1""",
+            [version, version],
+        )
+        return self.store.get_run(row[0]) if row else None
 
 
 def _version_toml(name: str, parent: str, kind: str, factor: str, change: dict[str, Any], hypothesis: str) -> str:
@@ -473,9 +503,27 @@ def _version_toml(name: str, parent: str, kind: str, factor: str, change: dict[s
     return tomli_w.dumps(doc)
 
 
-def _score(v: VersionRecord) -> float:
-    values = [x for x in (v.val_greedy, v.val_sampled) if x is not None]
-    return sum(values) / len(values) if values else float("-inf")
+def version_score(greedy: float | None, sampled: float | None) -> float | None:
+    """A version's val score for ranking: the mean of greedy and sampled correctness (whichever
+    exist). The coach branches from the promoted version with the highest."""
+    values = [x for x in (greedy, sampled) if x is not None]
+    return sum(values) / len(values) if values else None
+
+
+def best_version(versions: Iterable[VersionRecord]) -> VersionRecord | None:
+    """The version the coach branches from: of the promoted versions that no promoted child has
+    superseded (a promoted child beat its parent on evidence, on common ground even when it
+    changed the environment its own val is scored in), the one with the highest `version_score`
+    (ties: the older version)."""
+    versions = list(versions)
+    superseded = {v.parent for v in versions if v.state == "promoted" and v.parent is not None}
+    promoted = [v for v in versions if v.state == "promoted" and v.name not in superseded]
+
+    def rank(v: VersionRecord) -> tuple[float, int]:
+        score = version_score(v.val_greedy, v.val_sampled)
+        return (float("-inf") if score is None else score, -int(v.name[1:]))
+
+    return max(promoted, key=rank, default=None)
 
 
 def _now() -> datetime:

@@ -1,7 +1,9 @@
 """Judging a version against its parent on the held-out split, with a noise floor.
 
 Per-task correctness of both versions on the same val tasks is compared with a paired
-bootstrap (seeded); a difference counts only when its 95% interval excludes zero.
+bootstrap (seeded); a difference counts only when its 95% interval excludes zero. A task is the
+same task only when its id and its prompt are: versions whose data or environment differ are
+compared on what they share, never on tasks that merely carry the same id.
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class Verdict:
     child: str
     n_tasks: int
     deltas: tuple[Delta, ...]
+    #: The split compared: "val", or "clean" when the two versions' environments differ and only
+    #: the clean one is common ground.
+    split: str = "val"
 
     @property
     def label(self) -> str:
@@ -58,22 +63,25 @@ class Verdict:
         parts = [
             f"{d.decoding} {d.parent:.3f}->{d.child:.3f} ({d.diff:+.3f} ±{d.noise_floor:.3f})" for d in self.deltas
         ]
-        return f"{self.label}: " + "; ".join(parts) + f" on {self.n_tasks} val tasks"
+        where = "val tasks" if self.split == "val" else f"val tasks, {self.split} environment"
+        if not self.deltas:
+            return f"{self.label}: no {where} in common"
+        return f"{self.label}: " + "; ".join(parts) + f" on {self.n_tasks} {where}"
 
 
-def per_task_correctness(store: Store, run_id: str, decoding: str) -> dict[str, float]:
-    """Mean correctness per val task in the run's last evaluation."""
+def per_task_correctness(store: Store, run_id: str, decoding: str, split: str = "val") -> dict[tuple[str, str], float]:
+    """Mean correctness per (task id, prompt) in the run's last evaluation of `split`."""
     rows = store.query(
         """
-        SELECT task_id, avg(reward_components['correctness'])
+        SELECT task_id, prompt, avg(reward_components['correctness'])
         FROM rollouts
-        WHERE run_id = $run AND split = 'val' AND decoding = $decoding
-          AND step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val')
-        GROUP BY task_id
+        WHERE run_id = $run AND split = $split AND decoding = $decoding
+          AND step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = $split)
+        GROUP BY task_id, prompt
         """,
-        {"run": run_id, "decoding": decoding},
+        {"run": run_id, "decoding": decoding, "split": split},
     )
-    return {task: float(value) for task, value in rows}
+    return {(task, prompt): float(value) for task, prompt, value in rows}
 
 
 def paired_bootstrap(parent: np.ndarray, child: np.ndarray, seed: int = 0) -> tuple[float, float]:
@@ -86,12 +94,16 @@ def paired_bootstrap(parent: np.ndarray, child: np.ndarray, seed: int = 0) -> tu
     return float(low), float(high)
 
 
-def compare_runs(store: Store, parent: str, parent_run: str, child: str, child_run: str) -> Verdict:
+def compare_runs(
+    store: Store, parent: str, parent_run: str, child: str, child_run: str, splits: tuple[str, str] = ("val", "val")
+) -> Verdict:
+    """The child's run against the parent's on the tasks both evaluated (`splits`: which split of
+    each run, e.g. the parent's clean replay against a child whose val is clean)."""
     deltas = []
     n_tasks = 0
     for decoding in ("greedy", "sampled"):
-        a = per_task_correctness(store, parent_run, decoding)
-        b = per_task_correctness(store, child_run, decoding)
+        a = per_task_correctness(store, parent_run, decoding, splits[0])
+        b = per_task_correctness(store, child_run, decoding, splits[1])
         tasks = sorted(a.keys() & b.keys())
         if not tasks:
             continue
@@ -100,6 +112,5 @@ def compare_runs(store: Store, parent: str, parent_run: str, child: str, child_r
         pb = np.array([b[t] for t in tasks])
         low, high = paired_bootstrap(pa, pb)
         deltas.append(Delta(decoding, float(pa.mean()), float(pb.mean()), low, high))
-    if not deltas:
-        raise ValueError(f"no common val tasks between {parent} ({parent_run}) and {child} ({child_run})")
-    return Verdict(parent, child, n_tasks, tuple(deltas))
+    split = splits[1] if splits[0] == splits[1] else "clean"
+    return Verdict(parent, child, n_tasks, tuple(deltas), split)

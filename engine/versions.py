@@ -88,9 +88,10 @@ class VersionTree:
         self.repo.create_head(self.branch(child), commit)
         return commit.hexsha
 
-    def read(self, version: str, path: str) -> str:
+    def read(self, version: str, path: str) -> bytes:
+        """The bytes of a workspace file as `version` has it."""
         blob = self.commit_of(version).tree / path
-        return blob.data_stream.read().decode("utf-8")
+        return blob.data_stream.read()
 
     def diff(self, a: str, b: str) -> str:
         """Unified diff of the workspace files from version `a` to version `b`."""

@@ -29,7 +29,7 @@ from engine.coach.loop import Coach, CoachEvent
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.daemon import EngineRunningError, serve, socket_path, spawn
-from engine.harness.diagnose import Diagnosis, headline
+from engine.harness.diagnose import headline
 from engine.store import StoreLockedError
 from engine.versions import VersionTreeError
 from engine.workspace import TEMPLATES, Workspace, WorkspaceError, init_workspace
@@ -144,6 +144,7 @@ def _event_line(event: CoachEvent) -> str | None:
         "round": "bold",
         "decision": "bold",
         "verdict": "",
+        "diagnosis": "",
         "proposal": "cyan",
         "refused": "yellow",
         "fallback": "yellow",
@@ -152,6 +153,8 @@ def _event_line(event: CoachEvent) -> str | None:
         "waiting": "yellow",
     }.get(event.kind, "dim")
     text = escape(event.message)
+    # A run's diagnosis comes with its headline, one line each.
+    text += "".join(f"\n  {escape(line)}" for line in event.data.get("lines", ()))
     return f"[{style}]{text}[/]" if style else text
 
 
@@ -228,12 +231,6 @@ def run(
                 if (line := _event_line(event)) is not None:
                     progress.console.print(line, highlight=False)
 
-            def on_diagnosis(diagnosis: Diagnosis) -> None:
-                progress.console.print(f"diagnosis of {diagnosis.run_id}:", highlight=False)
-                for line in diagnosis.headline():
-                    progress.console.print(f"  {escape(line)}", highlight=False)
-
-            engine.on_diagnosis = on_diagnosis
             if auto_approve:
                 answer = auto_approve_gate
             elif sys.stdin.isatty():
@@ -294,7 +291,7 @@ def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | No
                 for event in client.events():
                     d = event.data
                     if event.event == "coach":
-                        line = _event_line(CoachEvent(d["kind"], d["message"]))
+                        line = _event_line(CoachEvent(d["kind"], d["message"], d))
                         if line:
                             progress.console.print(line, highlight=False)
                     elif event.event == "run":
@@ -466,8 +463,8 @@ def bench(
     """The autonomy benchmark: base, hand recipe, score-only loop and full loop on the same v0,
     data and step budget, scored on the clean environment. Writes a Markdown report with a
     plot per arm, prints it here, and stores the results in the workspace's store."""
+    from engine.bench.arms import BenchError, BenchSettings, run_bench
     from engine.bench.report import main_table, store_results, write_report
-    from engine.bench.runner import BenchError, BenchSettings, run_bench
     from engine.store import Store
 
     try:
@@ -510,8 +507,7 @@ def status(workspace: WorkspaceArg) -> None:
         console.print(f"engine: pid {hello['pid']}, {coach}")
     else:
         console.print("engine: none running (`evotui engine WS` starts one)")
-    promoted = [v for v in versions if v["state"] == "promoted" and v["val_greedy"] is not None]
-    best = max(promoted, key=lambda v: (v["val_greedy"] + (v["val_sampled"] or 0)) / 2, default=None)
+    best = next((v for v in versions if v["name"] == state["best"]), None)
     console.print(
         f"{len(versions)} version(s); best: "
         + (f"{best['name']} (val greedy {_fmt(best['val_greedy'])})" if best else "none yet")
@@ -616,7 +612,7 @@ def report(
     as_json: JsonOpt = False,
 ) -> None:
     """The health report of a version: diagnosis, trends, reward flow, rollouts to read."""
-    from engine.harness.report import render_markdown
+    from engine.harness.health import render_markdown
 
     try:
         with open_access(workspace) as access:
@@ -677,23 +673,38 @@ def backtest_reward(
 def backtest_filter(
     workspace: WorkspaceArg,
     version: VersionArg,
-    std: Annotated[float, typer.Option(help="Drop groups whose reward std is at or below this.")] = 0.05,
+    std_threshold: Annotated[
+        float | None,
+        typer.Option(help="Drop groups whose reward std is at or below this (default: [recipe.group_filter]'s)."),
+    ] = None,
     keep_ratio: Annotated[float | None, typer.Option(help="Keep at most this share of a step's groups.")] = None,
-    ema: Annotated[float | None, typer.Option(help="Let the threshold follow an EMA of the median spread.")] = None,
+    ema: Annotated[float | None, typer.Option(help="> 0: the threshold follows an EMA of the median spread.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Which groups a dead-group-aware filter would keep on a version's train rollouts."""
+    """Which groups the group filter would keep on a version's train rollouts (the settings of
+    `[recipe.group_filter]`; unset options take its defaults)."""
 
     try:
         with open_access(workspace) as access:
-            out = access.call("backtest", kind="filter", version=version, std=std, keep_ratio=keep_ratio, ema=ema)
+            out = access.call(
+                "backtest",
+                kind="filter",
+                version=version,
+                std_threshold=std_threshold,
+                keep_ratio=keep_ratio,
+                ema=ema,
+            )
     except (*USER_ERRORS, EngineError) as exc:
         _fail(exc)
     if as_json:
         _print_json(out)
         return
     backtest_id, result = out["id"], SimpleNamespace(**out)
-    console.print(f"filter backtest {backtest_id} on {result.run_id}: std > {std}", highlight=False)
+    console.print(
+        f"filter backtest {backtest_id} on {result.run_id}: std > {result.std_threshold:g}, keep ratio"
+        f" {result.keep_ratio:g}, ema {result.ema:g}",
+        highlight=False,
+    )
     console.print(f"  keeps {result.kept:.1%} of groups; dead among kept {result.dead_after:.1%}")
     console.print(f"  (dead before filtering {result.dead_before:.1%})")
 
@@ -718,5 +729,4 @@ def backtest_analyzer(
     console.print(f"analyzer validation {backtest_id}: {metric}", highlight=False)
     console.print(f"  improved: {result.improved or '—'}")
     console.print(f"  regressed: {result.regressed or '—'}")
-    auc = "— (needs at least one improved and one regressed version)" if result.auc is None else f"{result.auc:.2f}"
-    console.print(f"  AUC {auc}; separates: {result.separates}")
+    console.print(f"  {result.summary}")

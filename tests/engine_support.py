@@ -14,7 +14,7 @@ from engine.api.server import EngineServer
 from engine.coach.gates import Gates
 from engine.coach.interventions import Intervention, apply
 from engine.config import CONFIG_FILE
-from engine.core import Engine, Plan
+from engine.core import Engine, VersionPlan
 from engine.daemon import serve, socket_path
 from engine.workspace import Workspace
 from tests.harness_data import Rollout, RunBuilder
@@ -91,9 +91,11 @@ def add_children(root: Path) -> None:
     with Engine.open(root) as engine:
         for name, lr in (("v1", 4e-5), ("v2", 1e-5)):
             iv = Intervention(kind="optimizer", changes={"recipe.learning_rate": lr}, hypothesis="h")
-            text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
+            text, _ = apply(iv, engine.config_text("v0"), Path(CONFIG_FILE))
             change = {"recipe.learning_rate": {"from": 2e-5, "to": lr}}
-            engine.create_version(Plan("v0", name, {CONFIG_FILE: text}, "optimizer", iv.factor, change, "h", "c", "r"))
+            engine.create_version(
+                VersionPlan("v0", name, {CONFIG_FILE: text}, "optimizer", iv.factor, change, "h", "c", "r")
+            )
         gates = Gates(engine.store)
         gates.open(1, "after_completion", "v1", "Prune v1?", {"verdict": "insufficient", "decision": "pruned"}, False)
         gates.open(1, "after_completion", "v2", "Prune v2?", {"verdict": "insufficient", "decision": "pruned"}, False)

@@ -15,6 +15,8 @@ from engine.coach.backends.anthropic_backend import ANALYZER_TOOL, PROPOSE_TOOL,
 from engine.coach.backends.base import AnalyzerSpec, BackendError, PlanningContext
 from engine.coach.interventions import CATALOG, Intervention
 from engine.config import parse_config
+from engine.harness.base import Finding, RuleResult
+from engine.harness.diagnose import Diagnosis
 from tests.fake_messages_api import (
     FakeMessagesAPI,
     RecordedRequest,
@@ -80,10 +82,18 @@ def make_ctx(**overrides: Any) -> PlanningContext:
         "parent": "v1",
         "parent_config": parse_config('[workspace]\nname = "t"\n', Path("t.toml")),
         "domain": "math",
-        "diagnosis": {"bottleneck": "exploration_collapse", "findings": [{"metric": "entropy", "severity": "warn"}]},
+        "diagnosis": Diagnosis(
+            "v1-train-1-diagnosis",
+            "v1",
+            "v1-train-1",
+            "test",
+            [Finding("signal.entropy_trend", -0.4, "warning")],
+            [RuleResult("entropy fell", "warning", ("signal.entropy_trend",), rule="exploration_collapse")],
+        ),
         "history": [{"name": "v1", "parent": "v0", "kind": "optimizer", "verdict": "better"}],
         "feedback": ["prefer optimizer changes"],
-        "tried": ["recipe.beta"],
+        "tried_templates": ["kl_anchor"],
+        "tried_factors": ["recipe.beta"],
         "branches": 2,
     }
     values.update(overrides)
@@ -152,7 +162,12 @@ def test_proposals_are_parsed_and_the_request_forces_the_tool(api: FakeMessagesA
     [[block]] = [m["content"] for m in body["messages"]]
     payload = json.loads(block["text"])
     ctx = payload["context"]
-    assert ctx["parent"] == "v1" and ctx["domain"] == "math" and ctx["tried"] == ["recipe.beta"]
+    assert (
+        ctx["parent"] == "v1"
+        and ctx["domain"] == "math"
+        and ctx["tried"] == {"templates": ["kl_anchor"], "factors": ["recipe.beta"]}
+    )
+    assert ctx["diagnosis"]["bottleneck"] == "exploration_collapse"
     assert ctx["feedback"] == ["prefer optimizer changes"]
     assert "policy" not in ctx["parent_config"]
     assert ctx["parent_config"]["recipe"]["learning_rate"] == 2e-5

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench.arms import ARMS, BenchError, BenchSettings, clean_scores, run_bench
 from engine.bench.report import findings, main_table, store_results, write_report
-from engine.bench.runner import ARMS, BenchError, BenchSettings, clean_scores, run_bench
 from engine.store import Store
 from engine.workspace import Workspace, init_workspace
 from tests.conftest import commit_workspace_toml, tiny_toml

@@ -3,8 +3,8 @@ seed from what the versions show, whatever the arms' own verdicts claimed."""
 
 from __future__ import annotations
 
+from engine.bench.arms import ArmResult, VersionRow
 from engine.bench.report import compute_finding, leak_finding, main_finding, main_table
-from engine.bench.runner import ArmResult, VersionRow
 
 
 def version(name: str, parent: str | None, clean: float, decision: str = "promoted", **kw: object) -> VersionRow:

@@ -4,40 +4,49 @@ backend fallback. Everything here runs without training; the real loop is the sl
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import git
 import numpy as np
 import pytest
 import tomli_w
 
 from engine.coach.backends.base import AnalyzerSpec, BackendError, ModelCall, PlanningContext, Proposals
 from engine.coach.backends.offline import OfflinePlanner, feedback_preferences
-from engine.coach.evolution import UnsafeSQLError, check_sql, evolve, find_anomaly
+from engine.coach.evolution import UnsafeSQLError, check_sql, evolve, find_anomaly, revalidate
 from engine.coach.gates import Answer, GateError, Gates, auto_approve
-from engine.coach.interventions import TEMPLATES, Intervention, InterventionError, apply, check
+from engine.coach.interventions import TEMPLATES, Intervention, InterventionError, apply, check, run_facts
 from engine.coach.loop import Coach, WaitingAtGate, proposed_decision
 from engine.coach.memory import Memory, failure_signature
-from engine.config import CONFIG_FILE, parse_config
-from engine.core import Engine, Plan
+from engine.coach.rounds import Branch, Round
+from engine.config import CONFIG_FILE, DataConfig, parse_config
+from engine.core import Engine, VersionPlan
+from engine.harness.base import Finding, RuleResult, Severity
+from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import load_harness
 from engine.runs.group_filter import GroupFilter
 from engine.store import Store
-from engine.verdict import Delta, Verdict, paired_bootstrap
+from engine.verdict import Delta, Verdict, compare_runs, paired_bootstrap
 from engine.workspace import Workspace
 from tests.harness_data import Rollout, RunBuilder
 
 CONFIG = parse_config('[workspace]\nname = "t"\n', Path("t.toml"))
 
 
-def rule(name: str, severity: str = "warning", metrics: tuple[str, ...] = ()) -> dict[str, Any]:
-    return {"rule": name, "severity": severity, "explanation": f"{name} fired", "metrics": list(metrics)}
+def rule(name: str, severity: Severity = "warning", metrics: tuple[str, ...] = ()) -> RuleResult:
+    return RuleResult(f"{name} fired", severity, metrics, rule=name)
 
 
-def context(rules: list[dict[str, Any]] | None = None, **kw: Any) -> PlanningContext:
-    diagnosis = {"id": "d", "rules": rules or [], "candidate_kinds": [], "findings": []}
-    return PlanningContext(parent="v0", parent_config=CONFIG, domain="math", diagnosis=diagnosis, **kw)
+def diagnosis_of(rules: list[RuleResult] | None = None, findings: list[Finding] | None = None) -> Diagnosis:
+    return Diagnosis("v1-train-1-diagnosis", "v1", "v1-train-1", "test", findings or [], rules or [])
+
+
+def context(rules: list[RuleResult] | None = None, **kw: Any) -> PlanningContext:
+    return PlanningContext(parent="v0", parent_config=CONFIG, domain="math", diagnosis=diagnosis_of(rules), **kw)
 
 
 # -- interventions -------------------------------------------------------------------------------
@@ -88,7 +97,7 @@ def test_a_leak_closes_the_history_and_turn_loops_draw_the_efficiency_reward() -
     _, child = apply(iv, tomli_w.dumps(swe.model_dump(mode="json", exclude_none=True)), Path("c.toml"))
     assert child.domain.leak_fix_in_history is False  # type: ignore[union-attr]
 
-    looping = replace(leaked, diagnosis={"id": "d", "rules": [rule("echo_trap")], "findings": []})
+    looping = replace(leaked, diagnosis=diagnosis_of([rule("echo_trap")]))
     (iv,) = OfflinePlanner().propose(looping).interventions
     assert iv.template == "efficiency_reward" and iv.changes["recipe.rewards"]["efficiency"] > 0
     # Math has no efficiency component and no history: neither template applies there.
@@ -101,7 +110,7 @@ def test_the_planner_skips_what_was_tried_and_what_case_memory_says_failed() -> 
     fired = [rule("insufficient_signal")]
     first = [t.name for t in TEMPLATES.values() if "insufficient_signal" in t.triggers]
     failed = {"template": first[0], "decision": "rejected", "exact": True}
-    ctx = context(fired, branches=1, tried=[first[1]], cases=[failed])
+    ctx = context(fired, branches=1, tried_templates=[first[1]], cases=[failed])
     (iv,) = OfflinePlanner().propose(ctx).interventions
     assert iv.template == first[2]
     # Escalated, the failed case no longer blocks (the planner may retry with new evidence).
@@ -178,14 +187,15 @@ def test_decisions_follow_the_noise_floor_and_critical_findings() -> None:
     loss = parent.copy()
     loss[np.flatnonzero(parent == 1)[:60]] = 0.0
 
-    assert proposed_decision(verdict_from(parent, big_gain), {"rules": []})[0] == "promoted"
-    assert proposed_decision(verdict_from(parent, small_gain), {"rules": []})[0] == "pruned"
-    assert proposed_decision(verdict_from(parent, loss), {"rules": []})[0] == "rejected"
-    leak = {"rules": [rule("leak", "critical"), rule("truncation", "warning")]}
+    assert proposed_decision(verdict_from(parent, big_gain), diagnosis_of())[0] == "promoted"
+    assert proposed_decision(verdict_from(parent, big_gain), None)[0] == "promoted"
+    assert proposed_decision(verdict_from(parent, small_gain), diagnosis_of())[0] == "pruned"
+    assert proposed_decision(verdict_from(parent, loss), diagnosis_of())[0] == "rejected"
+    leak = diagnosis_of([rule("leak", "critical"), rule("truncation", "warning")])
     decision, reason = proposed_decision(verdict_from(parent, big_gain), leak)
     assert decision == "rejected" and "rule leak is critical" in reason
     # A warning alone does not block a real gain.
-    assert proposed_decision(verdict_from(parent, big_gain), {"rules": [rule("truncation")]})[0] == "promoted"
+    assert proposed_decision(verdict_from(parent, big_gain), diagnosis_of([rule("truncation")]))[0] == "promoted"
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -202,8 +212,7 @@ def test_consecutive_failures_reset_at_a_promotion(tmp_path: Path) -> None:
 
 def test_case_memory_by_signature(tmp_path: Path) -> None:
     memory = Memory(Store(tmp_path / "evo.duckdb"))
-    diagnosis = {"rules": [rule("truncation"), rule("insufficient_signal")]}
-    sig = failure_signature(diagnosis)
+    sig = failure_signature(diagnosis_of([rule("truncation"), rule("insufficient_signal")]))
     assert sig == "insufficient_signal+truncation"
     memory.record_case(
         "v1", sig, "math", "v0", "optimizer", "raise_lr", "recipe.learning_rate", "regressed", "rejected", "r"
@@ -221,6 +230,10 @@ def judged_store(path: Path, lengths: dict[str, tuple[str, int]]) -> Store:
     """Versions with a verdict and a train run whose completions have a given length."""
     store = Store(path)
     store.add_version("v0", None, "versions/v0", "a", state="promoted")
+    return add_judged(store, lengths)
+
+
+def add_judged(store: Store, lengths: dict[str, tuple[str, int]]) -> Store:
     for name, (verdict, length) in lengths.items():
         store.add_version(name, "v0", f"versions/{name}", "b", state="trained")
         store.update_version(name, verdict=verdict)
@@ -231,25 +244,33 @@ def judged_store(path: Path, lengths: dict[str, tuple[str, int]]) -> Store:
     return store
 
 
+LENGTH = AnalyzerSpec(
+    name="length_mean",
+    layer="behavior",
+    sql="SELECT avg(completion_length) FROM rollouts WHERE run_id = $run",
+    explanation="mean completion length",
+)
+
+
+def lengths(improved: list[int], regressed: list[int]) -> dict[str, tuple[str, int]]:
+    """Judged versions v1.. with these completion lengths (improved ones first)."""
+    verdicts = [("improved", n) for n in improved] + [("regressed", n) for n in regressed]
+    return {f"v{i}": v for i, v in enumerate(verdicts, start=1)}
+
+
 def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_not(tiny_workspace: Workspace) -> None:
-    store = judged_store(
-        tiny_workspace.root / "judged.duckdb",
-        {"v1": ("improved", 30), "v2": ("regressed", 8), "v3": ("improved", 25), "v4": ("regressed", 10)},
-    )
-    useful = AnalyzerSpec(
-        name="length_mean",
-        layer="behavior",
-        sql="SELECT avg(completion_length) FROM rollouts WHERE run_id = $run",
-        explanation="mean completion length",
-    )
+    store = judged_store(tiny_workspace.root / "judged.duckdb", lengths([30, 25, 28, 40], [8, 10, 9, 12]))
     useless = AnalyzerSpec(
         name="reward_mean",
         layer="signal",
         sql="SELECT avg(reward) FROM rollouts WHERE run_id = $run",
         explanation="mean reward (the same in every version here)",
     )
-    results = {r.spec.name: r for r in evolve(store, tiny_workspace.root, [useful, useless], 1, existing=set())}
-    assert results["length_mean"].adopted and results["length_mean"].validation.auc == 1.0
+    results = {r.spec.name: r for r in evolve(store, tiny_workspace.root, [LENGTH, useless], 1, existing=set())}
+    validation = results["length_mean"].validation
+    # 4 improved above 4 regressed: 2 of the C(8, 4) = 70 labellings separate as far (AUC 1 or 0).
+    assert results["length_mean"].adopted and validation.auc == 1.0
+    assert validation.p_value == pytest.approx(2 / 70)
     assert not results["reward_mean"].adopted and results["reward_mean"].validation.auc == 0.5
     assert "does not separate" in results["reward_mean"].reason
     # The adopted analyzer is a committed workspace analyzer that the harness loads and runs.
@@ -263,6 +284,82 @@ def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_n
     assert rows == [("length_mean", True), ("reward_mean", False)]
 
 
+@pytest.mark.parametrize(
+    ("improved", "regressed"),
+    [([30], [8]), ([30, 25], [8, 10]), ([30, 25, 28], [8, 10, 9])],
+    ids=["one-each", "two-each", "three-each"],
+)
+def test_evolution_adopts_nothing_on_too_few_judged_versions(
+    tiny_workspace: Workspace, improved: list[int], regressed: list[int]
+) -> None:
+    """A perfectly separating metric on too few versions is what chance gives: with k improved and
+    k regressed versions, 2 of C(2k, k) labellings separate perfectly (p = 1, 1/3, 1/10)."""
+    store = judged_store(tiny_workspace.root / "judged.duckdb", lengths(improved, regressed))
+    (result,) = evolve(store, tiny_workspace.root, [LENGTH], 1, existing=set())
+    k = len(improved)
+    assert result.validation.auc == 1.0 and result.validation.p_value == pytest.approx(2 / math.comb(2 * k, k))
+    assert not result.adopted and "does not separate" in result.reason
+    assert not (tiny_workspace.root / "harness" / "length_mean.py").exists()
+
+
+def test_escalation_retires_an_adopted_analyzer_that_no_longer_separates(tiny_workspace: Workspace) -> None:
+    root = tiny_workspace.root
+    store = judged_store(root / "judged.duckdb", lengths([30, 25, 28, 40], [8, 10, 9, 12]))
+    (adopted,) = evolve(store, root, [LENGTH], 1, existing=set())
+    assert adopted.adopted and (root / "harness" / "length_mean.py").exists()
+    # Four more judged versions, where length goes the other way: the metric no longer separates.
+    add_judged(store, {f"v{i}": v for i, v in enumerate(lengths([8, 9, 11, 12], [30, 31, 32, 33]).values(), 9)})
+    check = revalidate(store, root, 2)
+    assert check.retired and check.retired[0][0] == "harness/length_mean.py"
+    assert "does not separate" in check.retired[0][1]
+    assert not (root / "harness" / "length_mean.py").exists()
+    assert "retire analyzer length_mean" in git.Repo(root).head.commit.message
+    assert "length_mean" not in {a.name for a in load_harness(root).analyzers}
+    # Nothing is left to retire on a second look; both looks are stored.
+    assert revalidate(store, root, 3).retired == []
+    assert store.query("SELECT count(*) FROM backtests WHERE kind = 'harness_revalidation'") == [(2,)]
+
+
+def test_the_claude_backend_is_told_and_held_to_the_factors_this_parent_tried(engine: Engine) -> None:
+    """The ledger records factors (recipe.learning_rate); the model's proposals are checked
+    against them, not against catalog template names it never uses."""
+    from engine.coach.backends.anthropic_backend import _MalformedOutput, _parse_proposals
+
+    iv = TEMPLATES["raise_lr"].propose(engine.version_config("v0"), [])
+    assert iv is not None
+    child(engine, "v1", iv)
+    engine.decide("v1", "pruned", "insufficient evidence")
+    ctx, _ = Coach(engine, answer=auto_approve).planner.context(
+        Round(2, "v0", "open", "design", "anthropic", "full", False), None, 1
+    )
+    assert ctx.tried_templates == ["raise_lr"] and ctx.tried_factors == ["recipe.learning_rate"]
+    lower = {"kind": "optimizer", "changes": {"recipe.learning_rate": 1e-5}, "hypothesis": "h"}
+    with pytest.raises(_MalformedOutput, match="already tried"):
+        _parse_proposals({"rationale": "r", "interventions": [lower]}, ctx)
+    temperature = {"kind": "optimizer", "changes": {"recipe.temperature": 1.2}, "hypothesis": "h"}
+    assert _parse_proposals({"rationale": "r", "interventions": [temperature]}, ctx).interventions
+
+
+def test_no_coach_code_sets_an_engine_attribute() -> None:
+    """What varies per call (harness layers, callbacks) is an argument: the coach never changes
+    the engine it drives."""
+    import ast
+
+    import engine.coach
+
+    offenders = []
+    for path in Path(engine.coach.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+            for t in targets:
+                base = t.value if isinstance(t, ast.Attribute) else None
+                if isinstance(base, ast.Attribute) and base.attr == "engine":
+                    offenders.append(f"{path.name}:{node.lineno}")
+                elif isinstance(base, ast.Name) and base.id == "engine":
+                    offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []
+
+
 def test_evolution_sql_may_only_read() -> None:
     check_sql("WITH a AS (SELECT 1) SELECT * FROM a")
     for bad in ("COPY rollouts TO '/tmp/x'", "SELECT 1; DROP TABLE rollouts", "SELECT * FROM read_csv('/etc/passwd')"):
@@ -271,20 +368,17 @@ def test_evolution_sql_may_only_read() -> None:
 
 
 def test_an_anomaly_is_a_score_move_no_rule_or_finding_explains() -> None:
-    parent = {"rules": [], "findings": [{"metric": "signal.dead_group_ratio", "value": 0.2, "layer": "signal"}]}
-    same = {
-        "version": "v1",
-        "rules": [],
-        "findings": [{"metric": "signal.dead_group_ratio", "value": 0.21, "layer": "signal"}],
-    }
-    moved = {
-        "version": "v1",
-        "rules": [],
-        "findings": [{"metric": "signal.dead_group_ratio", "value": 0.6, "layer": "signal"}],
-    }
+    def dead(value: float) -> list[Finding]:
+        return [Finding("signal.dead_group_ratio", value, layer="signal")]
+
+    parent, same, moved = (
+        diagnosis_of(findings=dead(0.2)),
+        diagnosis_of(findings=dead(0.21)),
+        diagnosis_of(findings=dead(0.6)),
+    )
     assert find_anomaly("improved", same, parent) is not None
     assert find_anomaly("improved", moved, parent) is None  # the signal layer explains it
-    assert find_anomaly("improved", {"version": "v1", "rules": [rule("leak")], "findings": []}, parent) is None
+    assert find_anomaly("improved", diagnosis_of([rule("leak")]), parent) is None
     assert find_anomaly("insufficient evidence", same, parent) is None
 
 
@@ -301,9 +395,11 @@ def test_group_filter_keeps_spread_groups_up_to_the_keep_ratio() -> None:
 
 # -- the coach on a workspace (no training) --------------------------------------------------------
 def child(engine: Engine, name: str, iv: Intervention, parent: str = "v0", round: int | None = None) -> None:
-    text, config = apply(iv, engine.tree.read(parent, CONFIG_FILE), Path(CONFIG_FILE))
+    text, config = apply(iv, engine.config_text(parent), Path(CONFIG_FILE))
     engine.create_version(
-        Plan(parent, name, {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", round, iv.template)
+        VersionPlan(
+            parent, name, {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", round, iv.template
+        )
     )
 
 
@@ -321,11 +417,14 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     iv = TEMPLATES["continuous_correctness"].propose(engine.version_config("v0"), ["rule:insufficient_signal"])
     assert iv is not None
     child(engine, "v1", iv)
-    parent_diagnosis = {"rules": [rule("insufficient_signal", "critical")]}
+    parent_diagnosis = diagnosis_of([rule("insufficient_signal", "critical")])
     rng = np.random.default_rng(1)
     before = (rng.random(100) < 0.3).astype(float)
     after = np.maximum(before, (rng.random(100) < 0.5).astype(float))
-    coach._settle(None, "v1", "v0", iv, parent_diagnosis, verdict_from(before, after), "promoted", "gain")
+    rnd = coach.rounds.open("v0", "offline", "full", False)
+    rnd.branches = [Branch(intervention=iv, text="", change={}, title=iv.title(), version="v1")]
+    coach._settle(rnd, rnd.branches[0], parent_diagnosis, verdict_from(before, after), "promoted", "gain")
+    assert coach.rounds.get(rnd.id).branches[0].done
 
     (card,) = coach.skills.load()
     assert card.trigger == ["insufficient_signal"] and card.intervention["template"] == "continuous_correctness"
@@ -335,8 +434,7 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     assert case["decision"] == "promoted"
 
     # A later round whose parent shows the same rule retrieves the card, and the planner leads with it.
-    round_id = coach._open_round()
-    ctx = coach._context(round_id, "v1", parent_diagnosis, 2)
+    ctx, _ = coach.planner.context(coach.rounds.open("v1", "offline", "full", False), parent_diagnosis, 2)
     assert [s["id"] for s in ctx.skills] == [card.id]
     assert coach.skills.match(["truncation"], "math") == []
 
@@ -360,9 +458,11 @@ def test_a_round_from_a_base_without_grpo_backtests_on_the_run_it_reasons_from(e
         " VALUES (1, 'v0', 'open', 'backtest', 'offline', 'full', false, ?, 'd1')",
         [json.dumps([{"intervention": iv.model_dump(), "title": iv.title(), "text": "", "change": {}}])],
     )
-    coach._backtest(1, "v0")
-    (p,) = coach._round(1)["proposals"]
-    assert p["backtest"]["summary"].startswith("keeps 33% of groups")  # 1 of 3 groups has a spread
+    rnd = coach.rounds.get(1)
+    coach._backtest(rnd, Diagnosis("d1", "v1", "v1-train-1", "r", [], []))
+    (branch,) = coach.rounds.get(1).branches
+    assert branch.backtest and branch.backtest["summary"].startswith("keeps 33% of groups")  # 1 of 3 has a spread
+    assert coach.rounds.get(1).stage == "run"
     assert engine.store.query("SELECT run_id FROM backtests") == [("v1-train-1",)]
 
 
@@ -372,12 +472,12 @@ def test_case_memory_is_consulted_and_traced(engine: Engine) -> None:
     memory.record_case(
         "v7", "none", "math", "v0", "optimizer", "raise_lr", "recipe.learning_rate", "regressed", "rejected", "r"
     )
-    round_id = coach._open_round()
-    ctx = coach._context(round_id, "v0", {"rules": []}, 2)
+    rnd = coach._open_round()
+    ctx, _ = coach.planner.context(rnd, diagnosis_of(), 2)
     assert [c["version"] for c in ctx.cases] == ["v7"]
-    proposals = coach._propose(round_id, ctx)
+    proposals = coach.planner.propose(rnd, diagnosis_of(), 2)
     assert "raise_lr" not in [iv.template for iv in proposals.interventions]
-    traced = {r["source"]: r for r in memory.retrievals(round_id)}
+    traced = {r["source"]: r for r in memory.retrievals(rnd.id)}
     assert traced["cases"]["adopted"] == ["v7"] and traced["cases"]["query"] == "none"
     assert traced["literature"]["hits"], "the sample literature answers a stalled-training query"
 
@@ -399,8 +499,7 @@ class BrokenBackend:
 def test_a_failing_model_backend_falls_back_to_offline_with_a_recorded_reason(engine: Engine) -> None:
     events: list[str] = []
     coach = Coach(engine, backend=BrokenBackend(), answer=auto_approve, on_event=lambda e: events.append(e.kind))
-    round_id = coach._open_round()
-    proposals = coach._propose(round_id, coach._context(round_id, "v0", None, 2))
+    proposals = coach.planner.propose(coach._open_round(), None, 2)
     assert proposals.backend == "offline" and proposals.interventions
     assert "fallback" in events
     (reason,) = [
@@ -417,14 +516,13 @@ def test_two_failures_switch_gates_on_and_three_escalate(engine: Engine) -> None
         engine.decide(f"v{i}", "rejected", "regressed")
         if i == 2:
             coach = Coach(engine, answer=auto_approve)  # after_diagnosis is off in the sample: forced now
-            round_id = coach._open_round()
+            rnd = coach._open_round()
             with pytest.raises(WaitingAtGate) as waiting:
-                coach._gate(round_id, "after_diagnosis", "round", "go on?", {})
+                coach._gate(rnd, "after_diagnosis", "round", "go on?", {})
             assert waiting.value.gate.forced
             engine.store.con.execute("UPDATE rounds SET state = 'done'")
     coach = Coach(engine, answer=auto_approve)
-    round_id = coach._open_round()
-    assert coach._round(round_id)["escalated"]
+    assert coach._open_round().escalated
     assert engine.store.query("SELECT count(*) FROM backtests WHERE kind = 'harness_revalidation'") == [(1,)]
 
 
@@ -479,11 +577,10 @@ def test_the_claude_backend_through_the_coach_records_tokens_and_falls_back_on_e
         api.enqueue(reply, server_error(), server_error())
         backend = AnthropicBackend("claude-test", base_url=api.url, max_retries=1, timeout=5.0)
         coach = Coach(engine, backend=backend, answer=auto_approve)
-        round_id = coach._open_round()
-        ctx = coach._context(round_id, "v0", None, 1)
-        first = coach._propose(round_id, ctx)
+        rnd = coach._open_round()
+        first = coach.planner.propose(rnd, None, 1)
         assert first.backend == "anthropic" and first.interventions[0].changes == {"recipe.epsilon_high": 0.35}
-        second = coach._propose(round_id, ctx)  # 500, retried once by the SDK, 500 again
+        second = coach.planner.propose(rnd, None, 1)  # 500, retried once by the SDK, 500 again
         assert second.backend == "offline" and second.interventions
     calls = engine.store.query("SELECT backend, model, input_tokens, ok FROM model_calls ORDER BY id")
     assert calls[0] == ("anthropic", "claude-test", reply[1]["usage"]["input_tokens"], True)
@@ -514,9 +611,12 @@ def test_hopeless_prompts_are_found_in_sql_and_dropped_only_when_they_matter(eng
     # Groups are tasks t0..t3 (step 1) and t0, t1 again (step 2): t0 and t2 are never solved.
     builder = RunBuilder(engine.store, run_id="v0-train-1", version="v0")
     builder.step(1, [[zero, zero], [zero, one], [zero, zero], [one, one]]).step(2, [[zero, zero], [zero, zero]])
+    for row in builder.rows:  # t0 and t2 are the "hard" subset
+        row["subset"] = "hard" if row["task_id"] in ("t0", "t2") else "easy"
     builder.save(2)
-    facts = Coach(engine, answer=auto_approve)._facts("v0-train-1")
-    assert facts == Facts(("t0", "t2"), 4)
+    facts = run_facts(engine.store, "v0-train-1")
+    # hard: t0 (4 samples) and t2 (2), none right; easy: t1 (4 samples, 1 right) and t3 (2 right).
+    assert facts == Facts(("t0", "t2"), 4, (("hard", 0.0), ("easy", 3 / 6)))
 
     template = TEMPLATES["drop_hopeless"]
     config = engine.version_config("v0")
@@ -526,6 +626,71 @@ def test_hopeless_prompts_are_found_in_sql_and_dropped_only_when_they_matter(eng
     # The worker trains on the rest, and refuses to train on nothing.
     domain = make_domain(config.domain)
     ids = [t.task_id for t in domain.tasks("train")]
-    assert grpo_dataset(domain, ids[:3])["task_id"] == ids[3:]
-    with pytest.raises(ValueError, match="leaves out all"):
-        grpo_dataset(domain, ids)
+    assert grpo_dataset(domain, DataConfig(exclude_tasks=ids[:3]))["task_id"] == ids[3:]
+    with pytest.raises(ValueError, match="leave out all"):
+        grpo_dataset(domain, DataConfig(exclude_tasks=ids))
+
+
+def test_an_easier_mix_leaves_the_hardest_train_subset_out_and_val_alone(engine: Engine) -> None:
+    from engine.coach.interventions import Facts
+    from engine.domains import make_domain
+    from engine.runs.worker import grpo_dataset
+
+    template, config = TEMPLATES["easier_mix"], engine.version_config("v0")
+    success = (("ops4", 0.1), ("ops3", 0.3), ("ops2", 0.6))
+    iv = template.propose(config, [], facts=Facts(subset_success=success))
+    assert iv is not None and iv.changes == {"data.exclude_subsets": ["ops4"]}
+    assert template.propose(config, [], facts=Facts(subset_success=success[2:])) is None  # none would be left
+    _, child_config = apply(iv, engine.config_text("v0"), Path(CONFIG_FILE))
+    assert child_config.domain == config.domain  # same val tasks: the verdict compares like with like
+    domain = make_domain(child_config.domain)
+    trained = grpo_dataset(domain, child_config.data)
+    subsets = {t.task_id: t.subset for t in domain.tasks("train")}
+    assert trained.num_rows == sum(s != "ops4" for s in subsets.values()) > 0
+    assert {subsets[t] for t in trained["task_id"]} == set(subsets.values()) - {"ops4"}
+
+
+def evaluated(engine: Engine, version: str, splits: dict[str, list[float]], prompts: list[str] | None = None) -> None:
+    """A succeeded evaluation run of `version`: per split, greedy and one sampled pass with these
+    per-task correctness values (task t<i>, prompt p<i> unless `prompts` says otherwise)."""
+    builder = RunBuilder(engine.store, run_id=f"{version}-eval-1", version=version)
+    for split, values in splits.items():
+        for decoding in ("greedy", "sampled"):
+            first = 0 if decoding == "greedy" else 1
+            builder.step(0, [[Rollout(v)] for v in values], split=split, decoding=decoding, first_sample=first)
+    if prompts is not None:
+        for row in builder.rows:
+            row["prompt"] = prompts[int(row["task_id"][1:])]
+    builder.save(0)
+    engine.store.update_run(f"{version}-eval-1", state="succeeded", ended_at=datetime.now())
+
+
+def test_a_child_that_changes_the_environment_is_judged_on_the_clean_replay(engine: Engine) -> None:
+    """The parent's val leaked (0.5) but its clean replay solved nothing; a child whose change is
+    to the environment is scored clean, so its 0.5 is a gain over the clean parent, not a tie."""
+    iv = Intervention(kind="environment", changes={"domain.max_operand": 12}, hypothesis="h")
+    child(engine, "v1", iv)
+    half = [1.0, 0.0] * 20
+    evaluated(engine, "v0", {"val": half, "clean": [0.0] * 40})
+    evaluated(engine, "v1", {"val": half})
+    verdict = engine.judge("v1")
+    assert verdict.split == "clean" and verdict.label == "improved"
+    assert [d.diff for d in verdict.deltas] == [pytest.approx(0.5)] * 2
+    assert "clean environment" in verdict.summary()
+
+
+def test_tasks_pair_by_id_and_prompt(engine: Engine) -> None:
+    """A child whose val tasks carry the parent's ids but other prompts (its data changed) is
+    compared on the tasks it shares with the parent, not on ids."""
+    child(engine, "v1", Intervention(kind="optimizer", changes={"recipe.temperature": 1.1}, hypothesis="h"))
+    evaluated(engine, "v0", {"val": [0.0] * 40})
+    shared = [f"p{i}" for i in range(10)] + [f"other{i}" for i in range(30)]
+    evaluated(engine, "v1", {"val": [1.0] * 40}, prompts=shared)
+    verdict = engine.judge("v1")
+    assert verdict.n_tasks == 10 and verdict.split == "val"
+    # Nothing in common is no evidence, not an error that stops the loop.
+    child(engine, "v2", Intervention(kind="optimizer", changes={"recipe.temperature": 1.2}, hypothesis="h"))
+    evaluated(engine, "v2", {"val": [1.0] * 40}, prompts=[f"new{i}" for i in range(40)])
+    nothing = compare_runs(engine.store, "v0", "v0-eval-1", "v2", "v2-eval-1")
+    assert nothing.label == "insufficient evidence" and nothing.n_tasks == 0
+    assert nothing.summary() == "insufficient evidence: no val tasks in common"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.config import CONFIG_FILE
-from engine.core import Engine, Plan
+from engine.core import Engine, VersionPlan
 from engine.domains import reward_component_names
 from engine.workspace import Workspace, init_workspace
 from tests.conftest import commit_workspace_toml, tiny_toml
@@ -27,10 +27,10 @@ def workspace(tmp_path: Path, template: str, **overrides: int | float) -> Worksp
 
 
 def child_with(engine: Engine, name: str, old: str, new: str) -> None:
-    text = engine.tree.read("v0", CONFIG_FILE)
+    text = engine.config_text("v0")
     assert old in text
     changed = text.replace(old, new)
-    engine.create_version(Plan("v0", name, {CONFIG_FILE: changed}, "test", "domain", {}, "h", "c", "r"))
+    engine.create_version(VersionPlan("v0", name, {CONFIG_FILE: changed}, "test", "domain", {}, "h", "c", "r"))
 
 
 def test_code_domain_trains_with_sandboxed_unit_tests(tmp_path: Path) -> None:

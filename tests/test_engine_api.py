@@ -17,6 +17,7 @@ import pytest
 from engine.api.client import AsyncEngineClient, EngineClient, EngineError, EngineUnavailable
 from engine.api.protocol import MAX_MESSAGE_BYTES, PROTOCOL_VERSION, Event, Reply
 from engine.daemon import EngineRunningError, WorkspaceLock, socket_path
+from engine.grpo import DEAD_STD
 from engine.workspace import Workspace
 from tests.engine_support import Served, populate
 
@@ -227,8 +228,11 @@ def test_the_cli_goes_through_a_running_engine(workspace: Workspace) -> None:
         assert dead[0]["value"] == 2 / 3  # of the 3 groups, 2 have no reward spread
         diagnosed = runner.invoke(app, ["diagnose", ws, "v0"])
         assert diagnosed.exit_code == 0 and "v0-train-1" in diagnosed.output
-        bt = runner.invoke(app, ["backtest", "filter", ws, "v0", "--std", "0.001", "--json"])
+        bt = runner.invoke(app, ["backtest", "filter", ws, "v0", "--std-threshold", "0.001", "--json"])
         assert bt.exit_code == 0 and json.loads(bt.output)["kept"] == 1 / 3
+        # Unset, the filter's settings are [recipe.group_filter]'s defaults: one definition.
+        default = json.loads(runner.invoke(app, ["backtest", "filter", ws, "v0", "--json"]).output)
+        assert (default["std_threshold"], default["keep_ratio"], default["ema"]) == (DEAD_STD, 1.0, 0.0)
         bad = runner.invoke(app, ["backtest", "reward", ws, "v0", "--weights", "nope=1"])
         assert bad.exit_code == 1 and "unknown reward component(s) ['nope']" in bad.output
         started = runner.invoke(app, ["engine", ws])

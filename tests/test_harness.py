@@ -323,7 +323,9 @@ def test_a_broken_workspace_analyzer_is_a_finding_not_a_crash(store: Store, tmp_
 
 # -- backtests ------------------------------------------------------------------------------------------
 def test_reward_backtest_revives_the_groups_a_continuous_component_separates(store: Store) -> None:
-    from engine.harness.backtest import filter_backtest, reward_backtest
+    from engine.config import GroupFilterConfig
+    from engine.grpo import MIN_KEEP_RATIO
+    from engine.harness.backtest import backtest_intervention, filter_backtest, reward_backtest
 
     def group(correct: list[float], close: list[float]) -> list[Rollout]:
         return [R(reward=c, correctness=c, format=x) for c, x in zip(correct, close, strict=True)]
@@ -349,8 +351,17 @@ def test_reward_backtest_revives_the_groups_a_continuous_component_separates(sto
 
     assert result.rank_corr_with_correctness == pytest.approx(spearmanr(news, olds).statistic)
     # The filter: with a 0.05 std threshold the four dead groups go, the live one stays.
-    kept = filter_backtest(store, b.run_id, 0.05)
+    kept = filter_backtest(store, b.run_id, GroupFilterConfig(enabled=True, std_threshold=0.05))
     assert (kept.kept, kept.dead_after, kept.dead_before) == (1 / 5, 0.0, 4 / 5)
+    # As a proposed intervention: keeping a fifth of the groups is below MIN_KEEP_RATIO, so the
+    # backtest contradicts it; the reward change revives groups, so that one stands.
+    settings = {"enabled": True, "std_threshold": 0.05}
+    proposed = backtest_intervention(store, b.run_id, "filter", {"recipe.group_filter": settings})
+    assert proposed is not None and proposed.contradicts == (kept.kept < MIN_KEEP_RATIO) is True
+    rewards = {"recipe.rewards": {"correctness": 1.0, "format": 0.5}}
+    assert not backtest_intervention(store, b.run_id, "reward", rewards).contradicts  # type: ignore[union-attr]
+    assert backtest_intervention(store, b.run_id, "optimizer", {"recipe.learning_rate": 1e-4}) is None
+    assert store.query("SELECT kind FROM backtests ORDER BY id") == [("filter",), ("reward",)]
 
 
 def test_reward_backtest_rescores_missing_components_with_the_domain(store: Store) -> None:
@@ -383,7 +394,29 @@ def test_analyzer_validation_measures_separation(store: Store) -> None:
         store.update_version(name, verdict=verdict)
     result = validate_analyzer(store, "signal.dead_group_ratio", lambda v: values[v][1] if v in values else None)
     # Pairs (improved, regressed): (0.1,0.6) (0.1,0.15) (0.2,0.6) (0.2,0.15): improved higher in 1 of 4.
-    assert result.auc == pytest.approx(1 / 4) and result.separates
+    assert result.auc == pytest.approx(1 / 4)
+    # Of the 6 ways to call two of the four values "improved", those as far from 0.5 as 1/4:
+    pooled = [0.1, 0.2, 0.6, 0.15]
+    aucs = [
+        np.mean([(a > b) + 0.5 * (a == b) for a in (pooled[i], pooled[j]) for b in np.delete(pooled, [i, j])])
+        for i, j in itertools.combinations(range(4), 2)
+    ]
+    assert result.p_value == pytest.approx(np.mean([abs(a - 0.5) >= 0.25 for a in aucs]))
+    assert not result.separates  # two versions a side cannot show a separation (p >= 1/3)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_separation_p_value_is_the_exact_mann_whitney_test(seed: int) -> None:
+    from scipy.stats import mannwhitneyu
+
+    from engine.harness.backtest import separation
+
+    rng = np.random.default_rng(seed)
+    improved, regressed = rng.normal(0.5, 1, 5), rng.normal(0, 1, 6)
+    auc, p = separation(improved, regressed)
+    exact = mannwhitneyu(improved, regressed, alternative="two-sided", method="exact")
+    assert auc == pytest.approx(exact.statistic / (5 * 6))
+    assert p == pytest.approx(exact.pvalue)
 
 
 def test_solution_diversity_without_bit_masks_past_64_files(store: Store) -> None:
@@ -398,7 +431,7 @@ def test_solution_diversity_without_bit_masks_past_64_files(store: Store) -> Non
 
 
 def test_reward_flow_between_two_steps_is_a_per_task_transition_matrix(store: Store) -> None:
-    from engine.harness.report import reward_flow
+    from engine.harness.health import reward_flow
 
     b = RunBuilder(store)
     before = [1.0, 1.0, 0.0, 0.0, 1.0]

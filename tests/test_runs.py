@@ -133,7 +133,7 @@ def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) 
 def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_ratio(tiny_workspace: Workspace) -> None:
     from engine.coach.interventions import Intervention, apply
     from engine.config import CONFIG_FILE
-    from engine.core import Plan
+    from engine.core import VersionPlan
     from engine.harness.analyzers.signal import DEAD_STD
 
     with Engine(tiny_workspace) as engine:
@@ -141,8 +141,8 @@ def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_rati
         iv = Intervention(
             kind="filter", changes={"recipe.group_filter": {"enabled": True, "std_threshold": 1e-3}}, hypothesis="h"
         )
-        text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
-        engine.create_version(Plan("v0", "v1", {CONFIG_FILE: text}, "filter", iv.factor, {}, "h", "c", "r"))
+        text, _ = apply(iv, engine.config_text("v0"), Path(CONFIG_FILE))
+        engine.create_version(VersionPlan("v0", "v1", {CONFIG_FILE: text}, "filter", iv.factor, {}, "h", "c", "r"))
         run = engine.train("v1")
         # The logged keep ratio of every step is the share of that step's groups with reward spread.
         rows = engine.store.query(

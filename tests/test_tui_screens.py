@@ -23,7 +23,7 @@ from engine.api.protocol import RolloutFilter
 from engine.coach.interventions import Intervention, apply
 from engine.coach.skills import SkillCard, SkillLibrary
 from engine.config import CONFIG_FILE
-from engine.core import Engine, Plan
+from engine.core import Engine, VersionPlan
 from engine.workspace import Workspace
 from evotui.tui.app import EvoApp
 from evotui.tui.screens.diff import DiffScreen, diff_summary
@@ -88,9 +88,11 @@ def served_child(tiny_workspace: Workspace) -> Iterator[Served]:
     populate(tiny_workspace)
     with Engine.open(tiny_workspace.root) as engine:
         iv = Intervention(kind="optimizer", changes={"recipe.learning_rate": 4e-5}, hypothesis="a bigger step")
-        text, _ = apply(iv, engine.tree.read("v0", CONFIG_FILE), Path(CONFIG_FILE))
+        text, _ = apply(iv, engine.config_text("v0"), Path(CONFIG_FILE))
         engine.create_version(
-            Plan("v0", "v1", {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", 1, iv.template)
+            VersionPlan(
+                "v0", "v1", {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", 1, iv.template
+            )
         )
     yield from serve(tiny_workspace)
 
@@ -204,6 +206,9 @@ def test_ranges_read_min_max_at_least_at_most_and_name_the_field_when_wrong() ->
 
 def test_the_filter_bar_sends_only_the_fields_that_are_set() -> None:
     assert build_filter("", "", "", "", "any", "any", "any", "any") == {}
+    with pytest.raises(FilterError, match="'x1': write a version name like v3") as wrong:
+        build_filter("x1", "", "", "", "any", "any", "any", "any")
+    assert wrong.value.field_id == "f-version"
     assert build_filter(" v2 ", "3-", "-0.5", "x", "val", "dead", "no", "yes") == {
         "version": "v2",
         "step_min": 3,

@@ -26,8 +26,8 @@ def test_child_branch_is_committed_without_touching_the_working_tree(tree: Versi
     assert (tmp_path / "scratch.txt").read_text() == "uncommitted work"
     assert tree.commit_of("v1").hexsha == sha
     assert tree.commit_of("v1").parents[0].hexsha == tree.commit_of("v0").hexsha
-    assert tree.read("v1", "workspace.toml").endswith("5e-5\n")
-    assert tree.read("v1", "notes.md") == "notes\n"  # untouched files carry over
+    assert tree.read("v1", "workspace.toml").endswith(b"5e-5\n")
+    assert tree.read("v1", "notes.md") == b"notes\n"  # untouched files carry over
     assert tree.versions() == ["v0", "v1"]
 
 

@@ -33,10 +33,11 @@ from engine.api.protocol import (
 )
 from engine.coach.gates import Answer, Gate, GateError, Gates
 from engine.coach.loop import Coach, CoachEvent
-from engine.core import Engine, RunUpdate
+from engine.config import GroupFilterConfig
+from engine.core import Engine, RunUpdate, best_version
 from engine.domains import make_domain
 from engine.harness.backtest import filter_backtest, reward_backtest, store_backtest, validate_analyzer
-from engine.harness.report import build_report
+from engine.harness.health import build_report
 from engine.store import Store
 from engine.versions import VersionTree, VersionTreeError
 
@@ -173,6 +174,7 @@ class Service:
             "waiting": self.job.waiting.id if self.job.waiting else None,
             "last_result": self.job.last_result,
             "pending_gates": [g["id"] for g in queries.gates(self.store)],
+            "best": best.name if (best := best_version(self.store.list_versions())) else None,
             "runs": queries.runs(self.store)[-5:],
         }
 
@@ -225,7 +227,12 @@ class Service:
 
                 validation = validate_analyzer(self.store, metric, value_of)
                 backtest_id = store_backtest(self.store, "analyzer", None, {"metric": metric}, validation)
-                return {"id": backtest_id, **asdict(validation), "separates": validation.separates}
+                return {
+                    "id": backtest_id,
+                    **asdict(validation),
+                    "separates": validation.separates,
+                    "summary": validation.summary(),
+                }
             if not p.version:
                 raise ProtocolError("bad_request", f"a {p.kind} backtest needs `version`")
             run = view.latest_run(p.version)
@@ -235,8 +242,11 @@ class Service:
                 result = reward_backtest(self.store, run.id, p.weights, domain)
                 params: dict[str, Any] = {"weights": p.weights}
             else:
-                result = filter_backtest(self.store, run.id, p.std, p.keep_ratio, p.ema)
-                params = {"std": p.std, "keep_ratio": p.keep_ratio, "ema": p.ema}
+                # Unset fields take the group filter's own defaults (one definition, in the config).
+                given = {"std_threshold": p.std_threshold, "keep_ratio": p.keep_ratio, "ema": p.ema}
+                settings = GroupFilterConfig(enabled=True, **{k: v for k, v in given.items() if v is not None})
+                result = filter_backtest(self.store, run.id, settings)
+                params = settings.model_dump()
             return {"id": store_backtest(self.store, p.kind, run.id, params, result), **asdict(result)}
         except ValueError as exc:  # no such version or run, or a reward component the domain lacks
             raise ProtocolError("bad_request", str(exc)) from None

@@ -21,7 +21,6 @@ import json
 import resource
 import shutil
 import time
-import tomllib
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -29,13 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import git
-import tomli_w
 
 from engine.coach.gates import Answer, Gate
-from engine.coach.interventions import config_changes
+from engine.coach.interventions import config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
-from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config
-from engine.core import BASE, Engine, Plan, ProgressFn, RunUpdate
+from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
+from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.store import Store
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
@@ -131,14 +129,8 @@ def clone_workspace(source: Path, dest: Path, edits: dict[str, Any], message: st
 
 
 def _commit_edits(workspace: Workspace, edits: dict[str, Any], message: str) -> Workspace:
-    data = tomllib.loads(workspace.config_path.read_text(encoding="utf-8"))
-    for dotted, value in edits.items():
-        node = data
-        *parents, key = dotted.split(".")
-        for name in parents:
-            node = node.setdefault(name, {})
-        node[key] = value
-    workspace.config_path.write_text(tomli_w.dumps(data), encoding="utf-8")
+    text = edit_toml(read_config(workspace.config_path), edits)
+    workspace.config_path.write_text(text, encoding="utf-8")
     workspace.load_config()  # the edits must still validate
     repo = git.Repo(workspace.root)
     repo.index.add([CONFIG_FILE])
@@ -250,16 +242,14 @@ def version_rows(engine: Engine) -> list[VersionRow]:
 
 # -- the arms ------------------------------------------------------------------------------------------
 def _hand_config_text(engine: Engine, settings: BenchSettings) -> str:
-    data = tomllib.loads(engine.tree.read(BASE, CONFIG_FILE))
-    data.setdefault("recipe", {}).update(settings.hand_recipe)
-    data["recipe"]["steps"] = settings.budget_steps
-    return tomli_w.dumps(data)
+    edits = {f"recipe.{key}": value for key, value in settings.hand_recipe.items()}
+    return edit_toml(engine.config_text(BASE), {**edits, "recipe.steps": settings.budget_steps})
 
 
 def run_hand(engine: Engine, settings: BenchSettings, progress: ProgressFn | None) -> tuple[str, str | None]:
     text = _hand_config_text(engine, settings)
     config = parse_config(text, Path(f"{BASE}+hand_recipe:{CONFIG_FILE}"), engine.workspace.root)
-    plan = Plan(
+    plan = VersionPlan(
         parent=BASE,
         name="v1",
         files={CONFIG_FILE: text},
@@ -350,7 +340,6 @@ def run_arm(
             cpu_of["v1"] = cpu
         if arm in ("hand", "score-only"):
             # The benchmark's own audit: the full harness over versions the arm judged without it.
-            engine.harness_layers = None
             for v in engine.store.list_versions():
                 if v.parent is not None and engine.train_run(v.name) is not None:
                     engine.diagnose_version(v.name)

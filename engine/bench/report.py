@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.bench.runner import ArmResult, BenchRun
+from engine.bench.arms import ArmResult, BenchRun
+from engine.grpo import DEAD_STD
 from engine.store import Store
 from engine.workspace import Workspace
 
@@ -24,7 +25,7 @@ COLLAPSE_SHARE = 0.3
 
 
 @dataclass
-class Finding:
+class BenchFinding:
     name: str
     title: str
     holds: dict[int, bool | None] = field(default_factory=dict)  # seed -> holds (None: not applicable)
@@ -39,7 +40,7 @@ class Finding:
         return f"holds on {sum(values)} of {len(values)} seeds"
 
 
-def _query(result: ArmResult, sql: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+def _query(result: ArmResult, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     """Rows of `sql` over an arm's own store (opened for this query, then closed)."""
     store = Store(Workspace(Path(result.workspace)).db_path)
     try:
@@ -60,8 +61,8 @@ def _fmt(x: float | None, digits: int = 3) -> str:
 
 
 # -- findings --------------------------------------------------------------------------------------
-def leak_finding(results: list[ArmResult]) -> Finding:
-    f = Finding("leak", "The leak: high scores copied from history, caught by the full loop")
+def leak_finding(results: list[ArmResult]) -> BenchFinding:
+    f = BenchFinding("leak", "The leak: high scores copied from history, caught by the full loop")
     for seed, arms in _by_seed(results).items():
         flagged = {a: [v for v in r.versions if "leak" in v.rules] for a, r in arms.items()}
         full = flagged.get("full", [])
@@ -102,8 +103,8 @@ def _one_step_share(r: ArmResult, version: str) -> tuple[float | None, float | N
     return rows[0] if rows else (None, None, None, None)  # type: ignore[return-value]
 
 
-def efficiency_finding(results: list[ArmResult]) -> Finding:
-    f = Finding("efficiency", "The efficiency reward: collapse into one-step submissions, rejected")
+def efficiency_finding(results: list[ArmResult]) -> BenchFinding:
+    f = BenchFinding("efficiency", "The efficiency reward: collapse into one-step submissions, rejected")
     for seed, arms in _by_seed(results).items():
         seen = False
         ok = True
@@ -135,8 +136,8 @@ def _full_tried(arms: dict[str, ArmResult], template: str) -> bool:
     return any(v.template == template for v in arms["full"].versions) if "full" in arms else False
 
 
-def backtest_finding(results: list[ArmResult]) -> Finding:
-    f = Finding("backtest", "A backtest that predicted a dead-group revival, and the run that tested it")
+def backtest_finding(results: list[ArmResult]) -> BenchFinding:
+    f = BenchFinding("backtest", "A backtest that predicted a dead-group revival, and the run that tested it")
     for seed, arms in _by_seed(results).items():
         r = arms.get("full")
         if r is None:
@@ -149,12 +150,13 @@ def backtest_finding(results: list[ArmResult]) -> Finding:
                       WHERE p -> 'backtest' ->> 'id' IS NOT NULL)
                 SELECT b.version, t.kind, t.run_id, t.result ->> 'dead_before', t.result ->> 'dead_after',
                        t.result ->> 'revived',
-                       (SELECT avg(d) FROM (SELECT (max(group_std) < 1e-3)::INT AS d FROM rollouts o
+                       (SELECT avg(d) FROM (SELECT (max(group_std) < $dead)::INT AS d FROM rollouts o
                         JOIN runs x ON x.id = o.run_id
                         WHERE x.version = b.version AND x.kind = 'train' AND o.split = 'train'
                         GROUP BY o.run_id, o.step, o.group_id))
                 FROM b JOIN backtests t ON t.id = b.bt
                 """,
+            {"dead": DEAD_STD},
         )
         tested = []
         for version, kind, run_id, before, after, revived, child_dead in rows:
@@ -177,8 +179,8 @@ def backtest_finding(results: list[ArmResult]) -> Finding:
     return f
 
 
-def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) -> Finding:
-    f = Finding("transfer", "Skill transfer: a skill learned in one domain retrieved and adapted in another")
+def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) -> BenchFinding:
+    f = BenchFinding("transfer", "Skill transfer: a skill learned in one domain retrieved and adapted in another")
     if not offered:
         f.lines.append("no skill from another domain was offered (set [bench] transfer_from; not in --quick)")
         return f
@@ -202,8 +204,8 @@ def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) 
     return f
 
 
-def compute_finding(results: list[ArmResult]) -> Finding:
-    f = Finding("compute", "Compute: the full loop's steps and CPU seconds to promote the hand recipe's score")
+def compute_finding(results: list[ArmResult]) -> BenchFinding:
+    f = BenchFinding("compute", "Compute: the full loop's steps and CPU seconds to promote the hand recipe's score")
     for seed, arms in _by_seed(results).items():
         full, hand = arms.get("full"), arms.get("hand")
         if full is None or hand is None or hand.clean_greedy is None:
@@ -236,8 +238,8 @@ def compute_finding(results: list[ArmResult]) -> Finding:
     return f
 
 
-def main_finding(results: list[ArmResult]) -> Finding:
-    f = Finding("main", "Main result: the full loop's clean score against score-only, hand recipe and base")
+def main_finding(results: list[ArmResult]) -> BenchFinding:
+    f = BenchFinding("main", "Main result: the full loop's clean score against score-only, hand recipe and base")
     for seed, arms in _by_seed(results).items():
         full = arms.get("full")
         others = [a for a in ("score-only", "hand", "base") if a in arms]
@@ -253,7 +255,7 @@ def main_finding(results: list[ArmResult]) -> Finding:
     return f
 
 
-def findings(run: BenchRun, domain: str) -> list[Finding]:
+def findings(run: BenchRun, domain: str) -> list[BenchFinding]:
     r = run.results
     return [
         main_finding(r),
@@ -378,7 +380,7 @@ def _markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render(run: BenchRun, domain: str, found: list[Finding], plots: dict[str, Path]) -> str:
+def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[str, Path]) -> str:
     s = run.settings
     out = [
         f"# Autonomy benchmark {run.bench_id}",
@@ -421,7 +423,7 @@ def render(run: BenchRun, domain: str, found: list[Finding], plots: dict[str, Pa
     return "\n".join(out)
 
 
-def write_report(run: BenchRun, domain: str) -> tuple[Path, list[Finding], dict[str, str]]:
+def write_report(run: BenchRun, domain: str) -> tuple[Path, list[BenchFinding], dict[str, str]]:
     """report.md and one PNG per arm in the bench's folder; the terminal plots by arm."""
     found = findings(run, domain)
     arms = list(dict.fromkeys(r.arm for r in run.results))
@@ -443,7 +445,7 @@ def write_report(run: BenchRun, domain: str) -> tuple[Path, list[Finding], dict[
     return path, found, {arm: plot_terminal(run.results, arm) for arm in arms}
 
 
-def store_results(store: Store, run: BenchRun, found: list[Finding], report: str) -> None:
+def store_results(store: Store, run: BenchRun, found: list[BenchFinding], report: str) -> None:
     """The benchmark in the workspace's own store (`bench_results`, `bench_reports`)."""
     with store.transaction():
         for r in run.results:

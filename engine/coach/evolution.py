@@ -18,12 +18,11 @@ from typing import Any
 import git
 
 from engine.coach.backends.base import AnalyzerSpec
-from engine.harness.backtest import AnalyzerValidation, validate_analyzer
+from engine.config import WorkspaceConfig
+from engine.harness.backtest import AnalyzerValidation, revalidate_findings, store_backtest, validate_analyzer
+from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import HARNESS_DIR
-from engine.store import Store
-
-#: |AUC - 0.5| at least this much, over at least one improved and one regressed version.
-MIN_SEPARATION = 0.25
+from engine.store import RunRecord, Store
 
 _FORBIDDEN = re.compile(
     r"\b(copy|attach|detach|install|load|pragma|create|insert|update|delete|drop|alter|export|import|set|call|"
@@ -47,28 +46,30 @@ def check_sql(sql: str) -> None:
 
 
 def find_anomaly(
-    verdict: str, child: dict[str, Any] | None, parent: dict[str, Any] | None, tolerance: float = 0.25
+    verdict: str, child: Diagnosis | None, parent: Diagnosis | None, tolerance: float = 0.25
 ) -> dict[str, Any] | None:
     """The score moved beyond the noise floor (improved or regressed), yet the child's diagnosis
     shows no new rule and no signal or behavior finding that moved by more than `tolerance`
     (relative) from the parent's: nothing in the harness explains the change."""
-    if verdict not in ("improved", "regressed") or not child:
+    if verdict not in ("improved", "regressed") or child is None:
         return None
-    child_rules = {r["rule"] for r in child.get("rules", [])}
-    parent_rules = {r["rule"] for r in (parent or {}).get("rules", [])}
-    if child_rules - parent_rules:
+    if set(child.rule_names) - set(parent.rule_names if parent else ()):
         return None
-    before = {f["metric"]: f["value"] for f in (parent or {}).get("findings", []) if f.get("value") is not None}
-    moved = []
-    for f in child.get("findings", []):
-        old, new = before.get(f["metric"]), f.get("value")
-        if f.get("layer") not in ("signal", "behavior") or old is None or new is None or "trend" in f["metric"]:
+    before = {f.metric: f.value for f in (parent.findings if parent else ()) if f.value is not None}
+    for f in child.findings:
+        old, new = before.get(f.metric), f.value
+        if f.layer not in ("signal", "behavior") or old is None or new is None or "trend" in f.metric:
             continue
         if abs(new - old) > tolerance * max(abs(old), 1e-9):
-            moved.append(f["metric"])
-    if moved:
-        return None
-    return {"verdict": verdict, "version": child.get("version"), "unexplained": True}
+            return None
+    return {"verdict": verdict, "version": child.version, "unexplained": True}
+
+
+def describe_anomaly(store: Store, run: RunRecord | None, config: WorkspaceConfig) -> dict[str, Any]:
+    """What proposals for an anomaly may measure: the version's reward components and the metric
+    keys its run logged."""
+    keys = store.query("SELECT DISTINCT key FROM metrics WHERE run_id = ? ORDER BY key", [run.id]) if run else []
+    return {"components": sorted(config.recipe.rewards), "metric_keys": [k for (k,) in keys]}
 
 
 @dataclass(frozen=True)
@@ -108,8 +109,9 @@ def render(spec: AnalyzerSpec, validation: AnalyzerValidation, round: int | None
     direction = "higher" if (validation.auc or 0.5) >= 0.5 else "lower"
     return f'''"""Adopted by the coach (round {round}, {spec.source}): {spec.explanation}.
 
-Retrospective validation: AUC {validation.auc:.2f} over {len(validation.improved)} improved and
-{len(validation.regressed)} regressed versions ({direction} values went with improved versions).
+Retrospective validation: AUC {validation.auc:.2f} (permutation p {validation.p_value:.3f}) over
+{len(validation.improved)} improved and {len(validation.regressed)} regressed versions ({direction} values
+went with improved versions).
 """
 
 from engine.harness.base import Context, Finding, analyzer
@@ -142,15 +144,11 @@ def evolve(
             empty = AnalyzerValidation(spec.name, {}, {}, None)
             results.append(EvolutionResult(spec, empty, False, f"invalid: {type(exc).__name__}: {exc}"))
             continue
-        if validation.auc is None:
-            reason = "cannot validate: needs at least one improved and one regressed past version"
-        elif abs(validation.auc - 0.5) < MIN_SEPARATION:
-            reason = f"does not separate past outcomes (AUC {validation.auc:.2f})"
-        else:
-            reason = f"separates past outcomes (AUC {validation.auc:.2f})"
-        results.append(EvolutionResult(spec, validation, False, reason))
-    separating = [r for r in results if r.reason.startswith("separates")]
-    best = max(separating, key=lambda r: abs((r.validation.auc or 0.5) - 0.5), default=None)
+        results.append(EvolutionResult(spec, validation, False, validation.summary()))
+    separating = [r for r in results if r.validation.separates]
+    best = min(
+        separating, key=lambda r: (r.validation.p_value or 1.0, -abs((r.validation.auc or 0.5) - 0.5)), default=None
+    )
     for i, r in enumerate(results):
         if r is best:
             results[i] = _adopt(workspace_root, r, round)
@@ -169,6 +167,54 @@ def _adopt(workspace_root: Path, r: EvolutionResult, round: int | None) -> Evolu
     repo.index.add([relative])
     commit = repo.index.commit(f"harness: adopt analyzer {r.spec.name} ({r.reason})")
     return EvolutionResult(r.spec, r.validation, True, r.reason, relative, commit.hexsha)
+
+
+@dataclass(frozen=True)
+class Revalidation:
+    """Escalation's re-validation of the harness: every metric's separation of past outcomes, and
+    the adopted analyzers it retired (workspace file, why)."""
+
+    validations: list[AnalyzerValidation]
+    retired: list[tuple[str, str]]
+
+    @property
+    def separating(self) -> list[AnalyzerValidation]:
+        return [v for v in self.validations if v.separates]
+
+
+def revalidate(store: Store, workspace_root: Path, round: int | None) -> Revalidation:
+    """Test every finding's metric again on the versions judged so far (`revalidate_findings`),
+    and each analyzer harness evolution adopted, the way it was adopted (`validate_spec`), now on
+    every judged version: one that no longer separates improved from regressed versions is
+    retired (its file leaves ``<ws>/harness/`` in a commit that says why), so the escalated round
+    reasons with a harness that still predicts outcomes."""
+    validations = revalidate_findings(store)
+    adopted = store.query(
+        "SELECT name, spec, file FROM harness_proposals WHERE adopted AND file IS NOT NULL ORDER BY id"
+    )
+    retired: list[tuple[str, str]] = []
+    repo = git.Repo(workspace_root)
+    for name, spec, file in adopted:
+        if not (workspace_root / file).exists():  # retired before, or removed by a person
+            continue
+        v = validate_spec(store, AnalyzerSpec.model_validate_json(spec))
+        if v.separates:
+            continue
+        repo.index.remove([file], working_tree=True)
+        repo.index.commit(f"harness: retire analyzer {name} ({v.summary()})")
+        retired.append((file, v.summary()))
+    store_backtest(
+        store,
+        "harness_revalidation",
+        None,
+        {"round": round},
+        {
+            "metrics": [(v.metric, v.auc, v.p_value) for v in validations],
+            "separating": [v.metric for v in validations if v.separates],
+            "retired": retired,
+        },
+    )
+    return Revalidation(validations, retired)
 
 
 def _record(store: Store, results: list[EvolutionResult], round: int | None) -> None:

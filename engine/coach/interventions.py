@@ -13,7 +13,7 @@ any change of the same shape, and `check()` holds both to the same rules.
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import WorkspaceConfig, parse_config
 from engine.domains import reward_component_names
+from engine.grpo import DEAD_STD
+from engine.store import Store
 
 Kind = Literal["reward", "filter", "optimizer", "data", "budget", "environment", "evaluation"]
 KINDS: tuple[str, ...] = Kind.__args__  # type: ignore[attr-defined]
@@ -99,10 +101,7 @@ def apply(iv: Intervention, parent_text: str, source: Path, root: Path | None = 
     """The child's workspace.toml text and its validated config. Raises InterventionError naming
     the path or field that is wrong."""
     check(iv)
-    data = tomllib.loads(parent_text)
-    for path, value in iv.changes.items():
-        _set(data, path, value)
-    text = tomli_w.dumps(data)
+    text = edit_toml(parent_text, iv.changes)
     try:
         config = parse_config(text, source, root)
     except Exception as exc:  # WorkspaceConfigError names the field; keep its message
@@ -110,18 +109,23 @@ def apply(iv: Intervention, parent_text: str, source: Path, root: Path | None = 
     return text, config
 
 
-def _set(data: dict[str, Any], path: str, value: Any) -> None:
-    keys = path.split(".")
-    node = data
-    for key in keys[:-1]:
-        child = node.setdefault(key, {})
-        if not isinstance(child, dict):
-            raise InterventionError(f"cannot set {path!r}: {key!r} is a value, not a table")
-        node = child
-    if value is None:
-        node.pop(keys[-1], None)
-    else:
-        node[keys[-1]] = value
+def edit_toml(text: str, edits: Mapping[str, Any]) -> str:
+    """TOML `text` with each dotted path of `edits` set to its value (None removes the key);
+    tables on the way are created. Raises InterventionError when a path runs through a value."""
+    data = tomllib.loads(text)
+    for path, value in edits.items():
+        *tables, last = path.split(".")
+        node = data
+        for key in tables:
+            child = node.setdefault(key, {})
+            if not isinstance(child, dict):
+                raise InterventionError(f"cannot set {path!r}: {key!r} is a value, not a table")
+            node = child
+        if value is None:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return tomli_w.dumps(data)
 
 
 def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -151,6 +155,41 @@ class Facts:
     hopeless_tasks: tuple[str, ...] = ()
     #: Train tasks that run saw at all (a drop is only worth it when it is a real share of them).
     seen_tasks: int = 0
+    #: (subset, share of that run's train samples that were correct), hardest first.
+    subset_success: tuple[tuple[str, float], ...] = ()
+
+
+def run_facts(store: Store, run_id: str | None) -> Facts:
+    """What a GRPO run's train rollouts say about its prompts: hopeless tasks (every sample, in
+    every group the run drew for them, scored 0 on correctness), and each task subset's success."""
+    if run_id is None:
+        return Facts()
+    row = store.query_one(
+        """
+        WITH t AS (
+            SELECT task_id, subset, coalesce(reward_components['correctness'], reward) AS c
+            FROM rollouts WHERE run_id = ? AND split = 'train'
+        ), by_task AS (SELECT task_id, max(c) AS solved FROM t GROUP BY task_id),
+        by_subset AS (SELECT subset, avg(c) AS success FROM t GROUP BY subset)
+        SELECT (SELECT list(task_id ORDER BY task_id) FILTER (WHERE solved = 0) FROM by_task),
+               (SELECT count(*) FROM by_task),
+               (SELECT list({'subset': subset, 'success': success} ORDER BY success, subset) FROM by_subset)
+        """,
+        [run_id],
+    )
+    if not row or not row[1]:
+        return Facts()
+    subsets = tuple((s["subset"], float(s["success"])) for s in row[2] or ())
+    return Facts(tuple(row[0] or ()), int(row[1]), subsets)
+
+
+def _easier_mix(config: WorkspaceConfig, facts: Facts) -> dict[str, Any] | None:
+    """Leave the hardest train subset out (val stays as it is), while another one remains."""
+    left = [(s, x) for s, x in facts.subset_success if s not in config.data.exclude_subsets]
+    if len(left) < 2:
+        return None
+    hardest = left[0][0]
+    return {"data.exclude_subsets": sorted({*config.data.exclude_subsets, hardest})}
 
 
 @dataclass(frozen=True)
@@ -224,7 +263,7 @@ CATALOG: list[Template] = [
         "filter",
         ("insufficient_signal", "dead_training"),
         False,
-        lambda c, _: _filter(c, enabled=True, std_threshold=1e-3) if not c.recipe.group_filter.enabled else None,
+        lambda c, _: _filter(c, enabled=True, std_threshold=DEAD_STD) if not c.recipe.group_filter.enabled else None,
         "dropping groups without reward spread stops them from diluting the loss of the groups that have one",
     ),
     Template(
@@ -358,11 +397,7 @@ CATALOG: list[Template] = [
         "data",
         ("insufficient_signal", "dead_training"),
         True,
-        lambda c, _: (
-            {"domain.max_operands": c.domain.max_operands - 1}
-            if getattr(c.domain, "max_operands", 0) > getattr(c.domain, "min_operands", 99)
-            else None
-        ),
+        _easier_mix,
         "easier prompts are solved sometimes rather than never, so their groups carry a signal",
     ),
     Template(

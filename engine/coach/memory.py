@@ -5,19 +5,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coach.backends.base import ModelCall
+from engine.coach.interventions import Intervention
+from engine.harness.diagnose import Diagnosis
 from engine.store import Store
 
 #: Version states that end a version's story, and whether they count as a failure of the coach.
 FAILED_STATES = ("rejected", "pruned", "failed")
 
 
-def failure_signature(diagnosis: dict[str, Any] | None) -> str:
+def failure_signature(diagnosis: Diagnosis | None) -> str:
     """What a case is filed under: the rules that fired on the parent, sorted ('none' if none)."""
-    rules = sorted({r["rule"] for r in (diagnosis or {}).get("rules", [])})
+    rules = sorted(set(diagnosis.rule_names if diagnosis else ()))
     return "+".join(rules) if rules else "none"
+
+
+@dataclass(frozen=True)
+class Lookups:
+    """What a round looked up before proposing: the literature query and its hits, the skill
+    cards its rules matched, the cases filed under its signature."""
+
+    query: str
+    hits: list[dict[str, Any]] = field(default_factory=list)
+    rules: list[str] = field(default_factory=list)
+    skills: list[dict[str, Any]] = field(default_factory=list)
+    signature: str = "none"
+    cases: list[dict[str, Any]] = field(default_factory=list)
 
 
 class Memory:
@@ -96,6 +112,23 @@ class Memory:
             [round, source, query, json.dumps(list(hits), default=str), json.dumps(sorted(set(adopted)))],
         )
 
+    def record_lookups(self, round: int | None, lookups: Lookups, proposed: Sequence[Intervention]) -> None:
+        """The retrieval trace of one proposal: each source's query and hits, and what was used:
+        literature and skills the proposals cite, cases that kept a failed intervention out."""
+        cited = {e.split(":", 1)[1] for iv in proposed for e in iv.evidence if ":" in e}
+        templates = {iv.template for iv in proposed}
+        docs = [h["doc"] for h in lookups.hits]
+        self.record_retrieval(round, "literature", lookups.query, lookups.hits, [d for d in docs if d in cited])
+        cards = [s["id"] for s in lookups.skills]
+        used = [c for c in cards if c in cited]
+        self.record_retrieval(round, "skills", " ".join(lookups.rules) or "general", lookups.skills, used)
+        avoided = [
+            c["version"]
+            for c in lookups.cases
+            if c.get("template") and c["decision"] != "promoted" and c["template"] not in templates
+        ]
+        self.record_retrieval(round, "cases", lookups.signature, lookups.cases, avoided)
+
     def retrievals(self, round: int | None = None) -> list[dict[str, Any]]:
         cur = self.store.con.execute(
             "SELECT round, source, query, hits, adopted FROM retrievals WHERE ? IS NULL OR round = ? ORDER BY id",
@@ -113,9 +146,3 @@ class Memory:
                 " seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [round, c.backend, c.model, c.purpose, c.input_tokens, c.output_tokens, c.ok, c.error, c.seconds],
             )
-
-    def token_totals(self) -> tuple[int, int]:
-        row = self.store.query_one(
-            "SELECT coalesce(sum(input_tokens), 0), coalesce(sum(output_tokens), 0) FROM model_calls"
-        )
-        return (int(row[0]), int(row[1])) if row else (0, 0)

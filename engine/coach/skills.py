@@ -26,7 +26,8 @@ import frontmatter
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from engine.coach.interventions import KINDS
+from engine.coach.interventions import KINDS, Intervention
+from engine.verdict import Verdict
 
 #: Folder of a workspace that holds the cards.
 SKILLS_DIR = "skills"
@@ -155,6 +156,37 @@ class SkillCard(BaseModel):
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (what `PlanningContext.skills` carries)."""
         return self.model_dump(mode="json")
+
+
+def card_from_promotion(
+    version: str, parent: str, iv: Intervention, trigger: Sequence[str], verdict: Verdict, domain: str
+) -> SkillCard:
+    """The card a promotion writes: intervention `iv` (from `parent` to `version`) validated once
+    by `verdict`, relevant when the rules `trigger` fire (none: a general improvement)."""
+    rules = sorted(set(trigger))
+    deltas = {d.decoding: d.diff for d in verdict.deltas}
+    return SkillCard(
+        id=slugify(f"{'-'.join(rules) or 'general'}-{iv.template or iv.factor}"),
+        title=f"{iv.title()} when {', '.join(rules) or 'no rule fires'}",
+        trigger=rules,
+        intervention={"kind": iv.kind, "template": iv.template, "changes": iv.changes},
+        expected_outcome="val correctness "
+        + ", ".join(f"{k} {v:+.3f}" for k, v in deltas.items())
+        + " (one validation)",
+        validation=[
+            {
+                "version": version,
+                "parent": parent,
+                "verdict": verdict.label,
+                "delta_greedy": deltas.get("greedy"),
+                "delta_sampled": deltas.get("sampled"),
+                "domain": domain,
+                "date": dt.date.today().isoformat(),
+            }
+        ],
+        domains=[domain],
+        body=f"Hypothesis: {iv.hypothesis}\n\nEvidence: {', '.join(iv.evidence) or 'none recorded'}\n",
+    )
 
 
 def _merge_key(card: SkillCard) -> tuple[frozenset[str], str]:

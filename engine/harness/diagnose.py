@@ -27,6 +27,18 @@ class Diagnosis:
         return self.fired[0] if self.fired else None
 
     @property
+    def rule_names(self) -> list[str]:
+        """The rules that fired, bottleneck first."""
+        return [r.rule for r in self.fired]
+
+    @property
+    def critical(self) -> list[RuleResult]:
+        return [r for r in self.fired if r.severity == "critical"]
+
+    def fired_rule(self, name: str) -> RuleResult | None:
+        return next((r for r in self.fired if r.rule == name), None)
+
+    @property
     def candidate_kinds(self) -> list[str]:
         seen: dict[str, None] = {}
         for result in self.fired:
@@ -100,6 +112,51 @@ def diagnose(
     # The bottleneck is the most severe rule that fired, ties broken by priority.
     fired.sort(key=lambda r: -SEVERITY_RANK[r.severity])
     return Diagnosis(f"{run.id}-diagnosis", version.name, run.id, harness.revision, findings, fired)
+
+
+def load_diagnosis(store: Store, run_id: str) -> Diagnosis | None:
+    """The stored diagnosis of a run, typed as `diagnose` made it (None if it has none)."""
+    head = store.query_one(
+        "SELECT id, version, harness_revision, rules FROM diagnoses WHERE run_id = ? ORDER BY created_at DESC LIMIT 1",
+        [run_id],
+    )
+    if head is None:
+        return None
+    diagnosis_id, version, revision, rules = head
+    rows = store.query(
+        """SELECT metric, value, severity, explanation, threshold, evidence, analyzer, layer, provenance
+           FROM findings WHERE diagnosis_id = ? ORDER BY idx""",
+        [diagnosis_id],
+    )
+    findings = []
+    for metric, value, severity, explanation, threshold, evidence, analyzer, layer, provenance in rows:
+        ev = json.loads(evidence)
+        findings.append(
+            Finding(
+                metric,
+                value,
+                severity,
+                explanation,
+                threshold,
+                tuple(ev.get("steps", ())),
+                tuple(ev.get("rollouts", ())),
+                analyzer,
+                layer,
+                provenance,
+            )
+        )
+    fired = [
+        RuleResult(
+            r["explanation"],
+            r["severity"],
+            tuple(r["metrics"]),
+            tuple(r["candidate_kinds"]),
+            rule=r["rule"],
+            provenance=r.get("provenance", "built-in"),
+        )
+        for r in json.loads(rules)
+    ]
+    return Diagnosis(diagnosis_id, version, run_id, revision, findings, fired)
 
 
 def store_diagnosis(store: Store, diagnosis: Diagnosis) -> None:

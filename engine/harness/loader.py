@@ -31,6 +31,11 @@ from engine.harness.base import Analyzer, Finding, Rule
 
 HARNESS_DIR = "harness"
 
+#: The layers a harness diagnoses with (None: every layer).
+Layers = tuple[str, ...] | None
+#: What `[coach] harness` and `--harness` mean: `score-only` is the ablation of the other layers.
+MODE_LAYERS: dict[str, Layers] = {"full": None, "score-only": ("score",)}
+
 
 @dataclass
 class Harness:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from engine.config import RecipeConfig
+from engine.config import DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
 from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
@@ -112,13 +111,16 @@ def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float
     )
 
 
-def grpo_dataset(domain: Domain, exclude: Sequence[str] = ()) -> Dataset:
-    """The train split (minus `exclude`d task ids) as a TRL prompt dataset; `task_id` reaches the
-    reward functions."""
-    left_out = set(exclude)
-    tasks = [t for t in domain.tasks("train") if t.task_id not in left_out]
+def grpo_dataset(domain: Domain, data: DataConfig) -> Dataset:
+    """The train split, minus the tasks and subsets `data` leaves out, as a TRL prompt dataset;
+    `task_id` reaches the reward functions."""
+    tasks, ids, subsets = domain.tasks("train"), set(data.exclude_tasks), set(data.exclude_subsets)
+    tasks = [t for t in tasks if t.task_id not in ids and t.subset not in subsets]
     if not tasks:
-        raise ValueError(f"data.exclude_tasks leaves out all {len(left_out)} train tasks: nothing to train on")
+        raise ValueError(
+            f"data.exclude_tasks ({len(ids)} ids) and data.exclude_subsets ({sorted(subsets)}) leave out all"
+            " train tasks: nothing to train on"
+        )
     return Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]})
 
 
@@ -136,7 +138,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
         args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
-        train_dataset=grpo_dataset(domain, spec.config.data.exclude_tasks),
+        train_dataset=grpo_dataset(domain, spec.config.data),
         callbacks=[_EventCallback(spec, run_dir, events, tokenizer), _GuardCallback(recipe, recorder, events)],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)

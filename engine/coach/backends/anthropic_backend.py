@@ -144,7 +144,7 @@ class AnthropicBackend:
             "anomaly": anomaly,
             "parent": ctx.parent,
             "domain": ctx.domain,
-            "diagnosis": ctx.diagnosis,
+            "diagnosis": ctx.diagnosis.to_dict() if ctx.diagnosis else None,
             "feedback": ctx.feedback,
         }
         return self._call_tool(
@@ -248,13 +248,13 @@ def context_payload(ctx: PlanningContext) -> dict[str, Any]:
         "parent": ctx.parent,
         "domain": ctx.domain,
         "parent_config": config,
-        "diagnosis": ctx.diagnosis,
+        "diagnosis": ctx.diagnosis.to_dict() if ctx.diagnosis else None,
         "history": ctx.history,
         "cases": ctx.cases,
         "skills": ctx.skills,
         "literature": ctx.literature,
         "feedback": ctx.feedback,
-        "tried": ctx.tried,
+        "tried": {"templates": ctx.tried_templates, "factors": ctx.tried_factors},
         "escalated": ctx.escalated,
         "branches": ctx.branches,
         "facts": {"hopeless_tasks": len(ctx.facts.hopeless_tasks), "seen_tasks": ctx.facts.seen_tasks},
@@ -334,7 +334,7 @@ def _parse_proposals(data: dict[str, Any], ctx: PlanningContext) -> Proposals:
         raise _MalformedOutput("'rationale' must be a non-empty string")
     if not isinstance(items, list) or not items:
         raise _MalformedOutput("'interventions' must be a non-empty array")
-    tried = set(ctx.tried)
+    tried = set(ctx.tried_factors)
     out: list[Intervention] = []
     seen: dict[str, int] = {}
     for i, item in enumerate(items[: ctx.branches]):

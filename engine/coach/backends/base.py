@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.coach.interventions import Facts, Intervention
 from engine.config import WorkspaceConfig
+from engine.harness.diagnose import Diagnosis
 
 
 class BackendError(RuntimeError):
@@ -28,8 +29,8 @@ class PlanningContext:
     parent: str
     parent_config: WorkspaceConfig
     domain: str
-    #: `Diagnosis.to_dict()` of the parent's latest run, or None (a fresh base).
-    diagnosis: dict[str, Any] | None
+    #: The diagnosis of the run the round reasons from, or None (nothing to diagnose yet).
+    diagnosis: Diagnosis | None
     #: The ledger, oldest first: {name, parent, kind, factor, template, verdict, decision, reason}.
     history: list[dict[str, Any]] = field(default_factory=list)
     #: Case memory entries whose signature matches this diagnosis.
@@ -40,8 +41,10 @@ class PlanningContext:
     literature: list[dict[str, Any]] = field(default_factory=list)
     #: Revise answers a person gave at gates, newest last.
     feedback: list[str] = field(default_factory=list)
-    #: Templates or factors already tried from this parent (a new round must differ).
-    tried: list[str] = field(default_factory=list)
+    #: Catalog templates already tried from this parent (a new round must differ) ...
+    tried_templates: list[str] = field(default_factory=list)
+    #: ... and the factors (dotted config paths, a reward composition as one) they changed.
+    tried_factors: list[str] = field(default_factory=list)
     escalated: bool = False
     branches: int = 2
     #: What the store says about the parent's training beyond the diagnosis (e.g. hopeless prompts).

@@ -66,7 +66,7 @@ def feedback_preferences(feedback: list[str]) -> tuple[set[str], set[str]]:
 def signals(ctx: PlanningContext) -> list[str]:
     """Rules that fired on the parent (bottleneck first), plus what the ledger says about the
     parent's last child: 'insufficient_evidence' or 'regressed'."""
-    out = [r["rule"] for r in (ctx.diagnosis or {}).get("rules", [])]
+    out = list(ctx.diagnosis.rule_names) if ctx.diagnosis else []
     children = [h for h in ctx.history if h.get("parent") == ctx.parent and h.get("verdict")]
     if children:
         last = children[-1]["verdict"]
@@ -86,7 +86,7 @@ class OfflinePlanner:
     def candidates(self, ctx: PlanningContext) -> list[tuple[Template, str, list[str]]]:
         """(template, source, evidence) in the order the planner would try them."""
         fired = signals(ctx)
-        rules = {r["rule"]: r for r in (ctx.diagnosis or {}).get("rules", [])}
+        rules = {r.rule: r for r in (ctx.diagnosis.fired if ctx.diagnosis else ())}
         preferred, excluded = feedback_preferences(ctx.feedback)
         failed_here = {
             c["template"] for c in ctx.cases if c.get("exact") and c.get("decision") in ("rejected", "pruned", "failed")
@@ -98,7 +98,7 @@ class OfflinePlanner:
             for name in fired:
                 if name in t.triggers:
                     out.append(f"rule:{name}")
-                    out += [f"finding:{m}" for m in rules.get(name, {}).get("metrics", [])]
+                    out += [f"finding:{m}" for m in (rules[name].metrics if name in rules else ())]
             return out
 
         for card in ctx.skills:
@@ -112,14 +112,14 @@ class OfflinePlanner:
         seen: set[str] = set()
         kept = []
         for t, source, evidence in ordered:
-            if t.name in seen or t.name in excluded or t.name in ctx.tried:
+            if t.name in seen or t.name in excluded or t.name in ctx.tried_templates:
                 continue
             if t.name in failed_here and not ctx.escalated:
                 continue
             seen.add(t.name)
             kept.append((t, "feedback" if t.name in preferred else source, evidence))
         # Feedback that names a template brings it in even if no rule asked for it.
-        for name in sorted(preferred - seen - excluded - set(ctx.tried)):
+        for name in sorted(preferred - seen - excluded - set(ctx.tried_templates)):
             kept.append((TEMPLATES[name], "feedback", ["feedback"]))
         rank = {t.name: i for i, (t, _, _) in enumerate(kept)}
 

@@ -19,7 +19,7 @@ from evotui.tui.screens.confirm import ConfirmScreen, FeedbackScreen
 from evotui.tui.widgets.curves import Curves
 from evotui.tui.widgets.diagnosis import DiagnosisView
 from evotui.tui.widgets.gates import GatesView
-from evotui.tui.widgets.version_tree import VersionTree
+from evotui.tui.widgets.version_tree import VersionTreeView
 
 if TYPE_CHECKING:
     from evotui.tui.app import EvoApp
@@ -58,7 +58,7 @@ class WorkbenchScreen(Screen[None]):
         yield Header()
         with Horizontal(id="workbench"):
             with Vertical(id="left"):
-                yield VersionTree(id="tree")
+                yield VersionTreeView(id="tree")
                 yield Static("", id="version-info")
             with Vertical(id="center"):
                 yield Curves(id="curves")
@@ -121,7 +121,7 @@ class WorkbenchScreen(Screen[None]):
         self.versions = await self.evo.call("list_versions")
         if self.selected is None and self.versions:
             self.selected = self.versions[-1]["name"]
-        self.query_one(VersionTree).set_versions(self.versions, self.selected)
+        self.query_one(VersionTreeView).set_versions(self.versions, self.selected)
         if self.selected:
             self.load_version(self.selected)
 

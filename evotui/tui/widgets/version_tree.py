@@ -22,7 +22,7 @@ def version_label(v: dict[str, Any]) -> Text:
     return text
 
 
-class VersionTree(Tree[str]):
+class VersionTreeView(Tree[str]):
     """Rebuilt from `list_versions` rows by `set_versions`; keeps the highlighted version."""
 
     def __init__(self, **kw: Any) -> None:

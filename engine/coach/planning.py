@@ -1,0 +1,129 @@
+"""Planning: what the coach asks its reasoning backend, and what it does with the answer.
+
+The `Planner` gathers a `PlanningContext` for a round (the diagnosis it reasons from, the version
+ledger, cases filed under the same signature, matching skill cards, literature hits for the
+bottleneck, a person's feedback, what this parent already tried), asks the backend for proposals
+or analyzers, falls back to the offline planner when the backend fails, and records the model
+calls and the retrieval trace. `branches` turns proposals into the round's branches: the ones
+that apply to the parent's config, each a different factor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from engine.coach.backends.base import AnalyzerSpec, Backend, BackendError, PlanningContext, Proposals
+from engine.coach.backends.offline import OfflinePlanner
+from engine.coach.gates import Gates
+from engine.coach.interventions import InterventionError, apply, config_changes, run_facts
+from engine.coach.literature import Literature
+from engine.coach.memory import Lookups, Memory, failure_signature
+from engine.coach.rounds import Branch, Round
+from engine.coach.skills import SkillLibrary
+from engine.config import CONFIG_FILE
+from engine.core import Engine
+from engine.harness.diagnose import Diagnosis
+
+#: Says one line of the planner's reasoning: (kind, message, data).
+Emit = Callable[..., None]
+
+#: The literature query when no rule fired.
+GENERAL_QUERY = "GRPO training stalls without a diagnosed failure: learning rate, temperature, steps"
+
+
+class Planner:
+    def __init__(self, engine: Engine, backend: Backend, emit: Emit):
+        self.engine = engine
+        self.backend = backend
+        self.offline = OfflinePlanner()
+        self.emit = emit
+        self.memory = Memory(engine.store)
+        self.gates = Gates(engine.store)
+        self.skills = SkillLibrary(engine.workspace.root)
+        self.literature = Literature(engine.workspace.root)
+
+    def context(self, rnd: Round, diagnosis: Diagnosis | None, branches: int) -> tuple[PlanningContext, Lookups]:
+        parent = rnd.parent
+        config = self.engine.version_config(parent)
+        domain = config.domain.name
+        rules = diagnosis.rule_names if diagnosis else []
+        signature = failure_signature(diagnosis)
+        cases = self.memory.cases(signature, domain)
+        # Cards validated in this domain first; without one, cards validated in other domains,
+        # whose template the planner re-applies to this domain's config (the adaptation).
+        skills = self.skills.match(rules, domain) or self.skills.match(rules, domain, cross_domain=True)
+        words = []
+        if diagnosis is not None:
+            if (bottleneck := diagnosis.bottleneck) is not None:
+                words += [bottleneck.rule.replace("_", " "), bottleneck.explanation]
+            words += diagnosis.candidate_kinds
+        query = " ".join(words).strip() or GENERAL_QUERY
+        hits = [h.to_dict() for h in self.literature.search(query, k=3)]
+        history = self.memory.ledger()
+        tried = [h for h in history if h["parent"] == parent]  # this round's created branches included
+        lookups = Lookups(query, hits, rules, [s.to_dict() for s in skills], signature, cases)
+        ctx = PlanningContext(
+            parent=parent,
+            parent_config=config,
+            domain=domain,
+            diagnosis=diagnosis,
+            history=[{k: v for k, v in h.items() if k != "hypothesis"} for h in history],
+            cases=cases,
+            skills=lookups.skills,
+            literature=hits,
+            feedback=self.gates.feedback(),
+            tried_templates=sorted({t["template"] for t in tried if t.get("template")}),
+            tried_factors=sorted({f for t in tried for f in (t.get("factor") or "").split(", ") if f}),
+            escalated=rnd.escalated,
+            branches=branches,
+            facts=run_facts(self.engine.store, diagnosis.run_id if diagnosis else None),
+        )
+        return ctx, lookups
+
+    def propose(self, rnd: Round, diagnosis: Diagnosis | None, branches: int) -> Proposals:
+        ctx, lookups = self.context(rnd, diagnosis, branches)
+        try:
+            proposals = self.backend.propose(ctx)
+        except BackendError as exc:
+            self.emit("fallback", f"{self.backend.name} backend failed ({exc}); the offline planner proposes")
+            proposals = self.offline.propose(ctx)
+        finally:
+            self._record_calls(rnd.id)
+        self.memory.record_lookups(rnd.id, lookups, proposals.interventions)
+        return proposals
+
+    def propose_analyzers(self, rnd: Round, diagnosis: Diagnosis | None, anomaly: dict[str, Any]) -> list[AnalyzerSpec]:
+        ctx, _ = self.context(rnd, diagnosis, 1)
+        try:
+            return self.backend.propose_analyzer(anomaly, ctx)
+        except BackendError as exc:
+            self.emit("fallback", f"analyzer proposal failed ({exc}); offline templates")
+            return self.offline.propose_analyzer(anomaly, ctx)
+        finally:
+            self._record_calls(rnd.id)
+
+    def branches(self, rnd: Round, proposals: Proposals) -> list[Branch]:
+        """The proposals that apply to the parent's config, each a different factor."""
+        parent_text = self.engine.config_text(rnd.parent)
+        parent_config = self.engine.version_config(rnd.parent)
+        out: list[Branch] = []
+        factors: set[str] = set()
+        for iv in proposals.interventions:
+            try:
+                text, config = apply(iv, parent_text, Path(f"{rnd.parent}+{iv.template or 'model'}:{CONFIG_FILE}"))
+            except InterventionError as exc:
+                self.emit("refused", str(exc), round=rnd.id)
+                continue
+            change = config_changes(parent_config, config)
+            if not change or factors & set(iv.factors):
+                self.emit("refused", f"{iv.title()}: no change, or a factor another branch already changes")
+                continue
+            factors |= set(iv.factors)
+            out.append(Branch(intervention=iv, text=text, change=change, title=iv.title(parent_config)))
+        return out
+
+    def _record_calls(self, round_id: int) -> None:
+        self.memory.record_calls(round_id, self.backend.calls)
+        self.backend.calls.clear()
