@@ -244,3 +244,15 @@ def rate_limited(message: str = "Number of request tokens has exceeded your per-
 
 def server_error(message: str = "Internal server error") -> Reply:
     return error_reply(500, "api_error", message, dict(FAST_RETRY))
+
+
+#: Environment the anthropic SDK reads besides the key; a test clears them so a developer's own
+#: settings never reach the fake server (or a real one).
+SDK_ENVIRONMENT = ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_PROFILE")
+
+
+def use_test_key(monkeypatch: Any, key: str) -> None:
+    """Set `key` as ANTHROPIC_API_KEY and clear the SDK's other settings (a pytest MonkeyPatch)."""
+    monkeypatch.setenv("ANTHROPIC_API_KEY", key)
+    for name in SDK_ENVIRONMENT:
+        monkeypatch.delenv(name, raising=False)

@@ -27,6 +27,7 @@ from tests.fake_messages_api import (
     server_error,
     text_reply,
     tool_use_reply,
+    use_test_key,
 )
 
 KEY = "sk-test-secret-123"
@@ -65,9 +66,7 @@ SPEC: dict[str, Any] = {
 
 @pytest.fixture(autouse=True)
 def fake_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-    for name in ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
+    use_test_key(monkeypatch, KEY)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from engine.runs.episodes import EpisodeRollout
 from engine.runs.ingest import ingest_run
 from engine.runs.recorder import RolloutRecorder
 from engine.store import Store
-from tests.fake_messages_api import FakeMessagesAPI, error_reply, text_reply, tool_use_reply
+from tests.fake_messages_api import FakeMessagesAPI, error_reply, text_reply, tool_use_reply, use_test_key
 
 KEY = "sk-ant-test-judge-fallbacks-0000"
 RUN = "v1-train-1"
@@ -34,9 +34,7 @@ ACTIONS = (("search add", "search"), ("read calc.py", "read"), ("edit calc.py: a
 
 @pytest.fixture(autouse=True)
 def fake_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
-    for name in ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_CUSTOM_HEADERS", "ANTHROPIC_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
+    use_test_key(monkeypatch, KEY)
 
 
 @pytest.fixture
