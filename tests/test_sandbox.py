@@ -145,6 +145,8 @@ def test_zygote_restarts_after_being_killed(sandbox: Sandbox) -> None:
     zygote = sandbox._zygote
     assert zygote is not None
     os.kill(zygote.process.pid, signal.SIGKILL)
+    # Wait until it is gone: on a loaded machine the dying server could still answer one more.
+    zygote.process.wait(timeout=30)
     result = sandbox.run_python("print(2)")
     assert result.ok and result.stdout == "2\n", result
     assert sandbox._zygote is not zygote
