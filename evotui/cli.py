@@ -26,6 +26,7 @@ from engine.api.client import EngineClient, EngineError
 from engine.coach.gates import Answer, Gate, GateError, nobody
 from engine.coach.gates import auto_approve as auto_approve_gate
 from engine.coach.loop import Coach, CoachEvent
+from engine.coach.reports import gate_report_lines
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.daemon import EngineRunningError, serve, socket_path, spawn
@@ -381,28 +382,10 @@ def gates(
         forced = " [yellow]forced[/]" if g["forced"] else ""
         console.print(f"[bold]{g['id']}[/] {g['kind']} {g['subject']}: {g['state']}{forced}", highlight=False)
         console.print(f"  {escape(g['question'])}", highlight=False)
-        for line in _report_lines(g["report"].get("report")):
+        for line in gate_report_lines(g["report"].get("report")):
             console.print(f"  {escape(line)}", highlight=False)
         if g["feedback"]:
             console.print(f"  feedback: {escape(g['feedback'])}", highlight=False)
-
-
-def _report_lines(report: object) -> list[str]:
-    """A gate's report, briefly: proposals, backtests, a verdict, or a diagnosis headline."""
-    if isinstance(report, dict) and "proposals" in report:
-        lines = [f"rationale: {report.get('rationale', '')}"]
-        for p in report["proposals"]:
-            lines.append(f"- {p['title']}")
-            lines.append(f"  hypothesis: {p['intervention']['hypothesis']}")
-        return lines
-    if isinstance(report, list):
-        return [f"- {r['title']}: {r['backtest']['summary']}" for r in report]
-    if isinstance(report, dict) and "verdict" in report:
-        return [f"verdict: {report['verdict']}", f"proposed: {report['decision']} ({report['reason']})"]
-    if isinstance(report, dict) and "rules" in report:
-        rules = report["rules"]
-        return [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules] or ["no rule fired"]
-    return []
 
 
 @app.command("engine")

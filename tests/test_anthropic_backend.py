@@ -57,8 +57,9 @@ TWO_FACTORS: dict[str, Any] = {
 SPEC: dict[str, Any] = {
     "name": "short_completion_share",
     "layer": "behavior",
-    "sql": "SELECT avg((completion_length < 5)::INT) FROM rollouts WHERE run_id = $run AND split = 'train'",
-    "explanation": "Share of train completions shorter than 5 tokens.",
+    "sql": "SELECT avg((completion_length < 5)::INT) FROM completions",
+    "explanation": "Share of completions shorter than 5 tokens.",
+    "kind": "share",
     "threshold": 0.2,
     "higher_is": "worse",
 }
@@ -327,7 +328,7 @@ def test_propose_analyzer_returns_specs(api: FakeMessagesAPI) -> None:
     assert items["properties"]["name"]["pattern"] == AnalyzerSpec.model_json_schema()["properties"]["name"]["pattern"]
     assert "source" not in items["properties"]
     system = request.body["system"]
-    assert "rollouts(" in system and "metrics(" in system and "$run" in system and "DuckDB" in system
+    assert "completions(" in system and "text VARCHAR" in system and "DuckDB" in system and "kind" in system
     assert json.loads(request.body["messages"][0]["content"][0]["text"])["anomaly"] == anomaly
     [call] = backend.calls
     assert call.purpose == "propose_analyzer" and (call.input_tokens, call.output_tokens) == usage(reply)
@@ -336,11 +337,12 @@ def test_propose_analyzer_returns_specs(api: FakeMessagesAPI) -> None:
 @pytest.mark.parametrize(
     ("bad", "complaint"),
     [
-        ({**SPEC, "name": "Bad-Name"}, "name"),
-        ({**SPEC, "sql": "SELECT avg(reward) FROM rollouts"}, "$run"),
-        ({**SPEC, "sql": "DELETE FROM rollouts WHERE run_id = $run"}, "SELECT"),
+        ({**SPEC, "sql": "SELECT avg(reward) FROM rollouts"}, "may only read `completions`"),
+        ({**SPEC, "sql": "SELECT 1 + 1 AS two"}, "must read `completions`"),
+        ({**SPEC, "sql": "DELETE FROM completions"}, "SELECT"),
+        ({**SPEC, "kind": "ratio"}, "kind"),
     ],
-    ids=["name-pattern", "no-run-parameter", "not-a-select"],
+    ids=["reads-the-store", "reads-nothing", "not-a-select", "unknown-kind"],
 )
 def test_an_invalid_analyzer_is_reasked(api: FakeMessagesAPI, bad: dict[str, Any], complaint: str) -> None:
     first = tool_use_reply(ANALYZER_TOOL, {"analyzers": [bad]})
@@ -354,6 +356,19 @@ def test_an_invalid_analyzer_is_reasked(api: FakeMessagesAPI, bad: dict[str, Any
     assert tool_result["is_error"] is True and tool_result["tool_use_id"] == tool_use_id(first)
     assert complaint in tool_result["content"]
     assert [c.purpose for c in backend.calls] == ["propose_analyzer", "propose_analyzer:retry"]
+
+
+def test_a_models_analyzer_names_are_made_valid_and_unique(api: FakeMessagesAPI) -> None:
+    """The crash a long metric key once caused: names come out valid by construction, and one
+    the harness already has gets a suffix instead of being refused later."""
+    long = {**SPEC, "name": "metric_completions/max_terminated_length_last_of_the_run"}
+    taken = {**SPEC, "name": "Short Completion Share"}
+    api.enqueue(tool_use_reply(ANALYZER_TOOL, {"analyzers": [long, taken]}))
+    anomaly = {"verdict": "improved", "existing": ["short_completion_share"]}
+
+    specs = make_backend(api).propose_analyzer(anomaly, make_ctx())
+
+    assert [s.name for s in specs] == ["metric_completions_max_terminated_length", "short_completion_share_2"]
 
 
 # -- 8 -----------------------------------------------------------------------------------------------------

@@ -17,7 +17,15 @@ import tomli_w
 
 from engine.coach.backends.base import AnalyzerSpec, BackendError, ModelCall, PlanningContext, Proposals
 from engine.coach.backends.offline import OfflinePlanner, feedback_preferences
-from engine.coach.evolution import UnsafeSQLError, check_sql, evolve, find_anomaly, revalidate
+from engine.coach.evolution import (
+    TRAIN_ROWS,
+    UnsafeSQLError,
+    check_sql,
+    evolve,
+    find_anomaly,
+    over_completions,
+    revalidate,
+)
 from engine.coach.gates import Answer, GateError, Gates, auto_approve
 from engine.coach.interventions import TEMPLATES, Intervention, InterventionError, apply, check, run_facts
 from engine.coach.loop import Coach, WaitingAtGate, proposed_decision
@@ -247,7 +255,7 @@ def add_judged(store: Store, lengths: dict[str, tuple[str, int]]) -> Store:
 LENGTH = AnalyzerSpec(
     name="length_mean",
     layer="behavior",
-    sql="SELECT avg(completion_length) FROM rollouts WHERE run_id = $run",
+    sql="SELECT avg(completion_length) FROM completions",
     explanation="mean completion length",
 )
 
@@ -263,7 +271,7 @@ def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_n
     useless = AnalyzerSpec(
         name="reward_mean",
         layer="signal",
-        sql="SELECT avg(reward) FROM rollouts WHERE run_id = $run",
+        sql="SELECT avg(reward) FROM completions",
         explanation="mean reward (the same in every version here)",
     )
     results = {r.spec.name: r for r in evolve(store, tiny_workspace.root, [LENGTH, useless], 1, existing=set())}
@@ -360,11 +368,21 @@ def test_no_coach_code_sets_an_engine_attribute() -> None:
     assert offenders == []
 
 
-def test_evolution_sql_may_only_read() -> None:
-    check_sql("WITH a AS (SELECT 1) SELECT * FROM a")
-    for bad in ("COPY rollouts TO '/tmp/x'", "SELECT 1; DROP TABLE rollouts", "SELECT * FROM read_csv('/etc/passwd')"):
+def test_evolution_sql_may_only_read_completions() -> None:
+    check_sql("WITH a AS (SELECT length(text) AS n FROM completions) SELECT avg(n) FROM a")
+    for bad in (
+        "COPY rollouts TO '/tmp/x'",
+        "SELECT 1; DROP TABLE rollouts",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "SELECT avg(value) FROM metrics",  # another table of the store
+        "SELECT count(*) FROM completions, versions",
+        "SELECT 42",  # reads nothing to measure
+    ):
         with pytest.raises(UnsafeSQLError):
             check_sql(bad)
+    # Bound to one run's train rollouts, or to one sampled val pass, it runs as a single query.
+    sql = over_completions("WITH a AS (SELECT length(text) AS n FROM completions) SELECT avg(n) FROM a", TRAIN_ROWS)
+    assert sql.startswith("WITH completions AS (") and sql.count("WITH") == 1
 
 
 def test_an_anomaly_is_a_score_move_no_rule_or_finding_explains() -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine.harness.diagnose import Diagnosis
 from engine.store import Store
 from tests.harness_data import Rollout, RunBuilder, call, fired, severity, value
 
@@ -133,24 +134,100 @@ def test_shortcut_collapse_needs_shrinking_alike_completions_without_gain(store:
     assert "shortcut_collapse" not in fired(gained)
 
 
-def test_shortcut_collapse_against_the_parent_on_val(store: Store) -> None:
-    """Within the run nothing moves (the habit changed before the first window); on val, against
-    the parent, completions are 5/14 as long and far fewer are distinct."""
-    steady = [R(reward=float(i % 2), length=5, completion=f"s{i}") for i in range(8)]
-    child = RunBuilder(store).step(1, [steady]).step(2, [steady])
-    shortcut = [[R(reward=float(g % 2), length=5, completion=f"A:{g % 2}")] for g in range(10)]
-    chains = [[R(reward=float(g % 2), length=14, completion=f"chain{g}")] for g in range(10)]
-    child.step(2, shortcut, split="val", decoding="greedy")
-    child.save(2)
-    parent = RunBuilder(store, run_id="v0-warmup-1", version="v0").step(0, chains, split="val", decoding="greedy")
+def evaluations(store: Store, passes: dict[str, list[list[tuple[str, float]]]], scores: dict[str, float]) -> Diagnosis:
+    """v1 (trained from v0) and v0, each with a val evaluation of sampled passes (a pass: one
+    (completion, correctness) per task), and their val scores; v1's train run diagnosed."""
+    child = RunBuilder(store).step(1, [[R(reward=0.0), R(reward=1.0)]])
+    for k, rows in enumerate(passes["v1"], start=1):
+        child.step(1, [[R(reward=c, completion=t)] for t, c in rows], split="val", first_sample=k)
+    child.save(1)
+    parent = RunBuilder(store, run_id="v0-warmup-1", version="v0")
+    for k, rows in enumerate(passes["v0"], start=1):
+        parent.step(0, [[R(reward=c, completion=t)] for t, c in rows], split="val", first_sample=k)
     parent.save(0)
-    for run_id in ("v0-warmup-1", "v1-train-1"):
-        store.update_run(run_id, state="succeeded", ended_at="2026-01-01 00:00:00")
-    d = RunBuilder(store, run_id="v1-train-1").diagnose_saved(window=1)
-    assert value(d, "version.val_length_ratio") == pytest.approx(5 / 14)
-    assert value(d, "version.val_distinct_delta") == pytest.approx(2 / 10 - 10 / 10)
-    assert value(d, "signal.length_trend") == pytest.approx(1.0)
-    assert "shortcut_collapse" in fired(d)
+    for run_id, ended in (("v0-warmup-1", "2026-01-01 00:00:00"), ("v1-train-1", "2026-01-02 00:00:00")):
+        store.update_run(run_id, state="succeeded", ended_at=ended)
+    for version, score in scores.items():
+        store.update_version(version, val_greedy=score, val_sampled=score)
+    return RunBuilder(store, run_id="v1-train-1").diagnose_saved(window=1)
+
+
+def shifts(d: Diagnosis) -> dict[str, tuple[float, str]]:
+    return {f.metric.removeprefix("version.shift."): (f.value, f.severity) for f in d.findings if "shift." in f.metric}
+
+
+def sums(seed: int, n: int = 60) -> list[tuple[str, str]]:
+    """(prompt-free) arithmetic answers: the true sum of a task and a wrong one."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, 50, n), rng.integers(0, 50, n)
+    return [(str(x + y), str(x + y + 1)) for x, y in zip(a, b, strict=True)]
+
+
+def test_a_version_that_answers_as_its_parent_did_shows_no_shift(store: Store) -> None:
+    """Same policy form, another sample: every feature stays within its floor or small."""
+    tasks = sums(0)
+    rng = np.random.default_rng(1)
+
+    def sample() -> list[tuple[str, float]]:
+        right = rng.random(len(tasks)) < 0.4
+        return [(good if r else bad, float(r)) for (good, bad), r in zip(tasks, right, strict=True)]
+
+    d = evaluations(store, {"v0": [sample(), sample()], "v1": [sample(), sample()]}, {"v0": 0.40, "v1": 0.42})
+    found = shifts(d)
+    assert set(found) == {
+        "length",
+        "length_p90",
+        "distinct",
+        "correct_length",
+        "answer_spans",
+        "composition",
+    }  # no novelty: one-number answers have no shape trigram to compare
+    assert all(severity == "info" for _, severity in found.values()), found
+    assert "form_shift" not in fired(d)
+
+
+def test_answers_sprayed_until_one_matches_are_a_critical_form_shift(store: Store) -> None:
+    """The parent answers one number; the child lists four around it, so a lax verifier (any
+    listed number counts) scores it higher: longer correct answers, more answer-like spans, shapes
+    the parent never wrote, and a higher val score."""
+    tasks = sums(2)
+    rng = np.random.default_rng(3)
+
+    def parent() -> list[tuple[str, float]]:
+        right = rng.random(len(tasks)) < 0.3
+        return [(good if r else bad, float(r)) for (good, bad), r in zip(tasks, right, strict=True)]
+
+    def child() -> list[tuple[str, float]]:
+        right = rng.random(len(tasks)) < 0.7
+        return [
+            (f"{int(good) - 1} {good} {bad} {int(good) + 2}" if r else bad, float(r))
+            for (good, bad), r in zip(tasks, right, strict=True)
+        ]
+
+    d = evaluations(store, {"v0": [parent(), parent()], "v1": [child(), child()]}, {"v0": 0.3, "v1": 0.7})
+    found = shifts(d)
+    assert found["answer_spans"][1] == "warning" and found["answer_spans"][0] == pytest.approx((4 + 1) / (1 + 1))
+    assert found["correct_length"][1] == "warning" and found["novelty"][1] == "warning"
+    (rule,) = [r for r in d.fired if r.rule == "form_shift"]
+    assert rule.severity == "critical" and "version.shift.answer_spans" in rule.metrics
+
+
+def test_a_shortcut_on_val_without_a_gain_is_a_form_shift_warning(store: Store) -> None:
+    """Within the run nothing moves (the habit changed before the first window); on val, against
+    the parent, the chains became bare answers: a quarter as long, alike, and no better."""
+    tasks = sums(4)
+    chains = [(f"{int(g) - 3}+3={g};A:{g}", 0.5) for g, _ in tasks]
+    shortcut = [(f"A:{int(g) % 2}", 0.5) for g, _ in tasks]
+    parent = [[(t, float(i % 2)) for i, (t, _) in enumerate(chains)]] * 2
+    child = [[(t, float(i % 2)) for i, (t, _) in enumerate(shortcut)]] * 2
+    d = evaluations(store, {"v0": parent, "v1": child}, {"v0": 0.5, "v1": 0.5})
+    found = shifts(d)
+    assert found["length"][0] == pytest.approx(
+        np.mean([len(t) for t, _ in shortcut]) / np.mean([len(t) for t, _ in chains])
+    )
+    assert found["length"][1] == "warning" and found["distinct"][1] == "warning"
+    (rule,) = [r for r in d.fired if r.rule == "form_shift"]
+    assert rule.severity == "warning"
 
 
 def _clean_protocol_runs(store: Store, child_val: list[float]) -> None:

@@ -1,28 +1,42 @@
 """Harness evolution: when no rule explains what happened to a version, propose new analyzers,
-validate them on past versions, and adopt into ``<ws>/harness/`` only those that separate the
-versions judged improved from those judged regressed.
+probe the version with them, validate them on past versions, and adopt into ``<ws>/harness/``
+only those that separate the versions judged improved from those judged regressed.
 
-A proposed analyzer is data (`AnalyzerSpec`: one read-only SQL query giving one number per run).
-It is rendered into a small workspace analyzer file from a fixed template, so nothing a model
-writes is executed as Python. Adopted and refused proposals are both recorded.
+A proposed analyzer is data (`AnalyzerSpec`: one read-only SQL query over `completions` giving
+one number). The engine decides which rollouts `completions` holds: a run's train rollouts (the
+analyzer in a diagnosis, and the retrospective validation over past versions), or one sampled
+val pass (the probe of a version against its parent, before its decision). An adopted spec is
+rendered into a small workspace analyzer file from a fixed template, so nothing a model writes is
+executed as Python. Every proposal is recorded, with its probe, adopted or refused; nothing a
+proposal does can stop the loop.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import git
 
 from engine.coach.backends.base import AnalyzerSpec
-from engine.config import WorkspaceConfig
+from engine.harness.analyzers.shift import (
+    CORRECT,
+    LARGE_RATIO,
+    LARGE_SHARE,
+    POLICY_TEXT,
+    Shift,
+    ratio_shift,
+    share_shift,
+)
 from engine.harness.backtest import AnalyzerValidation, revalidate_findings, store_backtest, validate_analyzer
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import HARNESS_DIR
-from engine.store import RunRecord, Store
+from engine.store import Store
+from engine.store.schema import MIGRATIONS
 
 _FORBIDDEN = re.compile(
     r"\b(copy|attach|detach|install|load|pragma|create|insert|update|delete|drop|alter|export|import|set|call|"
@@ -35,14 +49,40 @@ class UnsafeSQLError(ValueError):
     pass
 
 
+#: The store's tables: an analyzer reads `completions` (a view of one run's rollouts), none of these.
+_TABLES = re.compile(r"\b(" + "|".join(re.findall(r"CREATE TABLE (\w+)", "".join(MIGRATIONS))) + r")\b", re.IGNORECASE)
+
+
 def check_sql(sql: str) -> None:
-    """Analyzer SQL reads the store and nothing else."""
+    """Analyzer SQL is one read-only query over `completions` and nothing else."""
     stripped = sql.strip()
     if not re.match(r"(?is)^(select|with)\b", stripped):
         raise UnsafeSQLError("analyzer SQL must be one SELECT (or WITH ... SELECT) query")
-    match = _FORBIDDEN.search(stripped)
+    match = _FORBIDDEN.search(stripped) or _TABLES.search(stripped)
     if match:
-        raise UnsafeSQLError(f"analyzer SQL may only read the store; it uses {match.group(0)!r}")
+        raise UnsafeSQLError(f"analyzer SQL may only read `completions`; it uses {match.group(0)!r}")
+    if not re.search(r"(?i)\bcompletions\b", stripped):
+        raise UnsafeSQLError("analyzer SQL must read `completions` (one run's rollouts)")
+
+
+def over_completions(sql: str, where: str) -> str:
+    """`sql` with `completions` bound to the rollouts `where` selects (an SQL condition on the
+    `rollouts` columns), plus the policy's `text` and `correct`."""
+    check_sql(sql)
+    view = f"completions AS (SELECT o.*, {POLICY_TEXT} AS text, {CORRECT} AS correct FROM rollouts o WHERE {where})"
+    stripped = sql.strip()
+    if stripped[:4].lower() == "with":
+        return f"WITH {view}, {stripped[4:].lstrip()}"
+    return f"WITH {view} {stripped}"
+
+
+#: What `completions` holds when a spec measures a run: its train rollouts.
+TRAIN_ROWS = "o.run_id = $run AND o.split = 'train'"
+#: ... and when it probes one sampled val pass of a run's latest evaluation.
+VAL_PASS_ROWS = (
+    "o.run_id = $run AND o.split = 'val' AND o.decoding = 'sampled' AND o.sample_idx = $pass"
+    " AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val')"
+)
 
 
 def find_anomaly(
@@ -50,7 +90,8 @@ def find_anomaly(
 ) -> dict[str, Any] | None:
     """The score moved beyond the noise floor (improved or regressed), yet the child's diagnosis
     shows no new rule and no signal or behavior finding that moved by more than `tolerance`
-    (relative) from the parent's: nothing in the harness explains the change."""
+    (relative) from the parent's: nothing in the harness explains the change. The anomaly says
+    which findings moved most all the same (what proposals start from)."""
     if verdict not in ("improved", "regressed") or child is None:
         return None
     if set(child.rule_names) - set(parent.rule_names if parent else ()):
@@ -62,14 +103,65 @@ def find_anomaly(
             continue
         if abs(new - old) > tolerance * max(abs(old), 1e-9):
             return None
-    return {"verdict": verdict, "version": child.version, "unexplained": True}
+    return {"verdict": verdict, "version": child.version, "unexplained": True, "moved": moved(child, parent)}
 
 
-def describe_anomaly(store: Store, run: RunRecord | None, config: WorkspaceConfig) -> dict[str, Any]:
-    """What proposals for an anomaly may measure: the version's reward components and the metric
-    keys its run logged."""
-    keys = store.query("SELECT DISTINCT key FROM metrics WHERE run_id = ? ORDER BY key", [run.id]) if run else []
-    return {"components": sorted(config.recipe.rewards), "metric_keys": [k for (k,) in keys]}
+def moved(child: Diagnosis, parent: Diagnosis | None, limit: int = 8) -> list[dict[str, Any]]:
+    """The child's findings that moved most from the parent's, largest first: relative change of
+    a finding both have, and for a version-layer shift (already a comparison with the parent) its
+    way to being large (`LARGE_RATIO`, `LARGE_SHARE`)."""
+    before = {f.metric: f.value for f in (parent.findings if parent else ()) if f.value is not None}
+    out = []
+    for f in child.findings:
+        if f.value is None:
+            continue
+        if f.metric.startswith("version.shift."):
+            if f.threshold == LARGE_RATIO and f.value > 0:
+                size = abs(math.log(f.value)) / math.log(LARGE_RATIO)
+            else:
+                size = abs(f.value) / LARGE_SHARE
+            out.append({"metric": f.metric, "child": f.value, "size": size})
+        elif (old := before.get(f.metric)) is not None and f.value != old:
+            size = abs(f.value - old) / max(abs(old), 1e-9)
+            out.append({"metric": f.metric, "parent": old, "child": f.value, "size": size})
+    return sorted(out, key=lambda m: -m["size"])[:limit]
+
+
+@dataclass(frozen=True)
+class Investigation:
+    """What the harness looked at before deciding on a verdict no rule explained: the anomaly
+    (and the findings that moved most), the probes of the proposed analyzers, the one adopted."""
+
+    version: str
+    anomaly: dict[str, Any]
+    probes: list[Probe]
+    adopted: list[str]
+    error: str | None = None
+
+    @property
+    def found(self) -> list[Probe]:
+        return [p for p in self.probes if p.found]
+
+    def summary(self) -> str:
+        if self.error:
+            return f"the investigation of the unexplained {self.anomaly['verdict']} verdict failed: {self.error}"
+        if self.found:
+            return "the investigation found shifts no rule measured: " + "; ".join(p.summary() for p in self.found)
+        adopted = f"; adopted {', '.join(self.adopted)}" if self.adopted else ""
+        return (
+            f"checked before this decision: no rule explains the {self.anomaly['verdict']} verdict, and none of "
+            f"{len(self.probes)} probe(s) moved beyond its floor{adopted}: unexplained"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "anomaly": self.anomaly,
+            "probes": [p.to_dict() | {"name": p.spec.name} for p in self.probes],
+            "adopted": self.adopted,
+            "error": self.error,
+            "summary": self.summary(),
+        }
 
 
 @dataclass(frozen=True)
@@ -80,13 +172,62 @@ class EvolutionResult:
     reason: str
     file: str | None = None
     commit_sha: str | None = None
+    probe: Probe | None = None
 
 
-def spec_value(store: Store, spec: AnalyzerSpec, run_id: str) -> float | None:
-    row = store.query_one(spec.sql, {"run": run_id} if "$run" in spec.sql else None)
+def spec_value(store: Store, spec: AnalyzerSpec, run_id: str, sample: int | None = None) -> float | None:
+    """The spec's number on a run's train rollouts, or with `sample` on that sampled val pass."""
+    if sample is None:
+        row = store.query_one(over_completions(spec.sql, TRAIN_ROWS), {"run": run_id})
+    else:
+        row = store.query_one(over_completions(spec.sql, VAL_PASS_ROWS), {"run": run_id, "pass": sample})
     if not row or row[0] is None:
         return None
     return float(row[0])
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A spec measured on a version's sampled val passes against its parent's: the shift, with the
+    parent's own pass-to-pass spread as its floor (`engine.harness.analyzers.shift`)."""
+
+    spec: AnalyzerSpec
+    shift: Shift | None
+    error: str | None = None
+
+    @property
+    def found(self) -> bool:
+        return self.shift is not None and self.shift.counts
+
+    def summary(self) -> str:
+        if self.error:
+            return f"{self.spec.name}: not measured ({self.error})"
+        if self.shift is None:
+            return f"{self.spec.name}: no value on the val passes"
+        return f"{self.spec.name}: {self.shift.finding('the parent').explanation}"
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.shift
+        shift = None if s is None else {"value": s.value, "floor": s.floor, "parent": s.parent, "child": s.child}
+        return {"found": self.found, "summary": self.summary(), "shift": shift, "error": self.error}
+
+
+def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> Probe:
+    """Measure `spec` on every sampled val pass of the child's and the parent's evaluations."""
+    try:
+        values = {}
+        for run_id in (child_run, parent_run):
+            passes = store.query(
+                "SELECT DISTINCT sample_idx FROM rollouts WHERE run_id = ? AND split = 'val' AND decoding = 'sampled'"
+                " ORDER BY 1",
+                [run_id],
+            )
+            measured = [spec_value(store, spec, run_id, k) for (k,) in passes]
+            values[run_id] = [v for v in measured if v is not None]
+        measure = ratio_shift if spec.kind == "mean" else share_shift
+        return Probe(spec, measure(spec.name, values[child_run], values[parent_run]))
+    except Exception as exc:  # noqa: BLE001 - a bad proposal is refused, never a crash
+        return Probe(spec, None, f"{type(exc).__name__}: {exc}")
 
 
 def validate_spec(store: Store, spec: AnalyzerSpec) -> AnalyzerValidation:
@@ -101,6 +242,7 @@ def validate_spec(store: Store, spec: AnalyzerSpec) -> AnalyzerValidation:
         )
         return spec_value(store, spec, row[0]) if row else None
 
+    over_completions(spec.sql, TRAIN_ROWS)  # refuses unsafe SQL before it runs anywhere
     return validate_analyzer(store, f"{spec.layer}.{spec.name}", value_of)
 
 
@@ -116,7 +258,7 @@ went with improved versions).
 
 from engine.harness.base import Context, Finding, analyzer
 
-SQL = {json.dumps(spec.sql.strip())}
+SQL = {json.dumps(over_completions(spec.sql, TRAIN_ROWS))}
 
 
 @analyzer({spec.name!r}, {spec.layer!r}, {spec.explanation!r})
@@ -129,32 +271,43 @@ def {spec.name}(ctx: Context) -> Finding | None:
 
 
 def evolve(
-    store: Store, workspace_root: Path, specs: list[AnalyzerSpec], round: int | None, existing: set[str]
+    store: Store,
+    workspace_root: Path,
+    specs: list[AnalyzerSpec],
+    round: int | None,
+    existing: set[str],
+    version: str | None = None,
+    probes: dict[str, Probe] | None = None,
 ) -> list[EvolutionResult]:
     """Validate every spec; adopt the best-separating one (at most one per anomaly) with a commit
-    in the workspace repository; record all of them."""
+    in the workspace repository; record all of them (with the `probes` of `version`, if any)."""
+    probes = probes or {}
     results: list[EvolutionResult] = []
     for spec in specs:
+        empty = AnalyzerValidation(spec.name, {}, {}, None)
         if spec.name in existing:
-            results.append(EvolutionResult(spec, AnalyzerValidation(spec.name, {}, {}, None), False, "name taken"))
+            results.append(EvolutionResult(spec, empty, False, "name taken", probe=probes.get(spec.name)))
             continue
         try:
             validation = validate_spec(store, spec)
         except Exception as exc:  # noqa: BLE001 - a bad proposal is refused, never a crash
-            empty = AnalyzerValidation(spec.name, {}, {}, None)
-            results.append(EvolutionResult(spec, empty, False, f"invalid: {type(exc).__name__}: {exc}"))
+            reason = f"invalid: {type(exc).__name__}: {exc}"
+            results.append(EvolutionResult(spec, empty, False, reason, probe=probes.get(spec.name)))
             continue
-        results.append(EvolutionResult(spec, validation, False, validation.summary()))
+        results.append(EvolutionResult(spec, validation, False, validation.summary(), probe=probes.get(spec.name)))
     separating = [r for r in results if r.validation.separates]
     best = min(
         separating, key=lambda r: (r.validation.p_value or 1.0, -abs((r.validation.auc or 0.5) - 0.5)), default=None
     )
     for i, r in enumerate(results):
         if r is best:
-            results[i] = _adopt(workspace_root, r, round)
+            try:
+                results[i] = _adopt(workspace_root, r, round)
+            except Exception as exc:  # noqa: BLE001 - e.g. a repository that refuses the commit
+                results[i] = replace(r, reason=f"{r.reason}, but adopting it failed: {type(exc).__name__}: {exc}")
         elif r in separating:
-            results[i] = EvolutionResult(r.spec, r.validation, False, f"{r.reason}, but another separates better")
-    _record(store, results, round)
+            results[i] = replace(r, reason=f"{r.reason}, but another separates better")
+    _record(store, results, round, version)
     return results
 
 
@@ -166,7 +319,7 @@ def _adopt(workspace_root: Path, r: EvolutionResult, round: int | None) -> Evolu
     repo = git.Repo(workspace_root)
     repo.index.add([relative])
     commit = repo.index.commit(f"harness: adopt analyzer {r.spec.name} ({r.reason})")
-    return EvolutionResult(r.spec, r.validation, True, r.reason, relative, commit.hexsha)
+    return replace(r, adopted=True, file=relative, commit_sha=commit.hexsha)
 
 
 @dataclass(frozen=True)
@@ -217,13 +370,13 @@ def revalidate(store: Store, workspace_root: Path, round: int | None) -> Revalid
     return Revalidation(validations, retired)
 
 
-def _record(store: Store, results: list[EvolutionResult], round: int | None) -> None:
+def _record(store: Store, results: list[EvolutionResult], round: int | None, version: str | None) -> None:
     row = store.query_one("SELECT count(*) FROM harness_proposals")
     n = row[0] if row else 0
     for i, r in enumerate(results, start=1):
         store.con.execute(
             "INSERT INTO harness_proposals (id, round, name, layer, spec, source, auc, n_improved, n_regressed,"
-            " adopted, reason, file, commit_sha) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " adopted, reason, file, commit_sha, version, probe) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 f"hp-{n + i}",
                 round,
@@ -238,5 +391,7 @@ def _record(store: Store, results: list[EvolutionResult], round: int | None) -> 
                 r.reason,
                 r.file,
                 r.commit_sha,
+                version,
+                json.dumps(r.probe.to_dict()) if r.probe else None,
             ],
         )

@@ -349,7 +349,7 @@ CATALOG: list[Template] = [
     Template(
         "lower_lr",
         "optimizer",
-        ("shortcut_collapse", "exploration_collapse", "reward_hacking", "regressed"),
+        ("form_shift", "shortcut_collapse", "exploration_collapse", "reward_hacking", "regressed"),
         True,
         lambda c, _: {"recipe.learning_rate": _scaled(c.recipe.learning_rate, 0.5)},
         "smaller steps keep the policy near the parent's behavior while the reward still moves it",
@@ -377,7 +377,7 @@ CATALOG: list[Template] = [
     Template(
         "kl_anchor",
         "optimizer",
-        ("shortcut_collapse", "reward_hacking"),
+        ("form_shift", "shortcut_collapse", "reward_hacking"),
         False,
         lambda c, _: {"recipe.beta": 0.04} if c.recipe.beta == 0 else None,
         "a KL anchor to the parent limits drift toward what the shaped reward pays for",

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.coach.backends.base import Backend
 from engine.coach.backends.offline import OfflinePlanner
-from engine.coach.evolution import describe_anomaly, evolve, find_anomaly, revalidate
+from engine.coach.evolution import Investigation, evolve, find_anomaly, probe, revalidate
 from engine.coach.gates import Answer, Answerer, Gate, Gates, nobody
 from engine.coach.memory import Memory, failure_signature
 from engine.coach.planning import Planner
@@ -272,8 +272,14 @@ class Coach:
             if record.state == "trained":
                 verdict = self.engine.judge(b.version)
                 self._emit("verdict", f"{b.version}: {verdict.summary()}", version=b.version, label=verdict.label)
-                decision, reason = proposed_decision(verdict, self._child_diagnosis(b.version))
+                child = self._child_diagnosis(b.version)
+                investigation = self._investigate(rnd, b.version, verdict, diagnosis, child)
+                if investigation is not None and investigation.adopted:
+                    child = self._child_diagnosis(b.version)  # again, with the evolved harness
+                decision, reason = proposed_decision(verdict, child, investigation)
                 report = {"verdict": verdict.summary(), "decision": decision, "reason": reason}
+                if investigation is not None:
+                    report["investigation"] = investigation.to_dict()
                 question = f"{_VERB[decision]} {b.version}? ({reason})"
                 answer = self._gate(rnd, "after_completion", b.version, question, report)
                 if answer.verb == "revise":
@@ -319,7 +325,7 @@ class Coach:
         reason: str,
     ) -> None:
         """Record a branch's end: the decision (tag and store), its case, a skill card for a
-        promotion, and harness evolution when nothing explains its score."""
+        promotion."""
         name, iv = b.version, b.intervention
         assert name is not None
         if decision != "failed":
@@ -335,23 +341,46 @@ class Coach:
             card = card_from_promotion(name, rnd.parent, iv, diagnosis.rule_names if diagnosis else [], verdict, domain)
             path = self.skills.write(card)
             self._emit("skill", f"skill card {path.name} written from {name}", version=name)
-        if verdict is not None:
-            self._maybe_evolve(rnd, name, verdict, diagnosis)
         b.done = True
         self.rounds.save_branches(rnd)
 
-    def _maybe_evolve(self, rnd: Round, name: str, verdict: Verdict, parent_diagnosis: Diagnosis | None) -> None:
-        anomaly = find_anomaly(verdict.label, self._child_diagnosis(name), parent_diagnosis)
+    def _investigate(
+        self, rnd: Round, name: str, verdict: Verdict, parent_diagnosis: Diagnosis | None, child: Diagnosis | None
+    ) -> Investigation | None:
+        """Before the decision: a score that moved with no rule or moved finding to explain it is
+        investigated. The planner proposes analyzers from what moved; each probes the version's
+        val answers against its parent's (beyond the parent's own spread, and large, it is a
+        finding); each is validated on past versions and the best separating one adopted. The
+        score-only ablation does not evolve its harness."""
+        if self.layers is not None:
+            return None
+        anomaly = find_anomaly(verdict.label, child, parent_diagnosis)
         if anomaly is None:
-            return
-        anomaly.update(describe_anomaly(self.store, self.engine.train_run(name), self.engine.version_config(name)))
-        self._emit("evolution", f"{name} {verdict.label} and no rule explains it: proposing analyzers")
-        specs = self.planner.propose_analyzers(rnd, parent_diagnosis, anomaly)
+            return None
         root = self.engine.workspace.root
         existing = {a.name for a in load_harness(root).analyzers}
-        for r in evolve(self.store, root, specs, rnd.id, existing):
-            verb = "adopted" if r.adopted else "refused"
-            self._emit("evolution", f"analyzer {r.spec.name} {verb}: {r.reason}", adopted=r.adopted)
+        runs = self.engine.eval_run(name), self.engine.eval_run(rnd.parent)
+        logged = self.store.query(
+            "SELECT DISTINCT unnest(map_keys(reward_components)) FROM rollouts WHERE run_id = ? ORDER BY 1",
+            [runs[0].id if runs[0] else ""],
+        )
+        anomaly |= {"components": [c for (c,) in logged], "existing": sorted(existing)}
+        self._emit("evolution", f"{name} {verdict.label} and no rule explains it: investigating before the decision")
+        try:
+            specs = self.planner.propose_analyzers(rnd, parent_diagnosis, anomaly)
+            probes = {s.name: probe(self.store, s, runs[0].id, runs[1].id) for s in specs} if all(runs) else {}
+            for p in probes.values():
+                self._emit("evolution", f"probe {p.summary()}", version=name, found=p.found)
+            results = evolve(self.store, root, specs, rnd.id, existing, name, probes)
+        except Exception as exc:  # noqa: BLE001 - nothing a proposal does stops the loop
+            failed = Investigation(name, anomaly, [], [], f"{type(exc).__name__}: {exc}")
+            self._emit("evolution", failed.summary(), version=name)
+            return failed
+        for r in results:
+            self._emit("evolution", f"analyzer {r.spec.name} {'adopted' if r.adopted else 'refused'}: {r.reason}")
+        investigation = Investigation(name, anomaly, list(probes.values()), [r.spec.name for r in results if r.adopted])
+        self._emit("evolution", f"{name}: {investigation.summary()}", version=name)
+        return investigation
 
     # -- escalation ------------------------------------------------------------------------------
     def _escalate(self, rnd: Round, failures: int) -> None:
@@ -395,12 +424,15 @@ class Coach:
         return f"{version}{source}: bottleneck {b.rule} ({b.severity}): {b.explanation}"
 
 
-def proposed_decision(verdict: Verdict, diagnosis: Diagnosis | None) -> tuple[str, str]:
+def proposed_decision(
+    verdict: Verdict, diagnosis: Diagnosis | None, investigation: Investigation | None = None
+) -> tuple[str, str]:
     """Promote only a gain that clears the noise floor (the paired bootstrap's 95% interval above 0)
     with no critical rule standing against it; a higher score with a critical rule (a leak, a
-    collapse) is rejected with that reason and kept as negative evidence. A run the collapse guard
-    stopped early is rejected whatever it scores. Regressions are rejected; mixed or insufficient
-    evidence is pruned."""
+    collapse, a form shift) is rejected with that reason and kept as negative evidence, and so is
+    one whose investigation found a shift no rule measured; an unexplained gain the investigation
+    found nothing against is promoted, saying so. A run the collapse guard stopped early is rejected
+    whatever it scores. Regressions are rejected; mixed or insufficient evidence is pruned."""
     stopped = diagnosis.fired_rule("stopped_early") if diagnosis else None
     if stopped is not None:
         return "rejected", f"stopped early: {stopped.explanation}"
@@ -408,6 +440,10 @@ def proposed_decision(verdict: Verdict, diagnosis: Diagnosis | None) -> tuple[st
         if diagnosis and diagnosis.critical:
             r = diagnosis.critical[0]
             return "rejected", f"scores higher but rule {r.rule} is critical: {r.explanation}"
+        if investigation is not None and investigation.found:
+            return "rejected", f"scores higher, but {investigation.summary()}"
+        if investigation is not None:
+            return "promoted", f"{verdict.summary()}; {investigation.summary()}"
         return "promoted", verdict.summary()
     if verdict.label == "regressed":
         return "rejected", verdict.summary()

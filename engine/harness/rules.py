@@ -125,7 +125,6 @@ def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
     reasoning for a shortcut (answering at once), which GRPO rewards whenever the shortcut is
     sometimes right. Entropy need not fall, so exploration_collapse does not see it."""
     gain = f.value("score.train_correctness_trend", 0.0) or 0.0
-    # Within the run: first vs last window ...
     length, diversity = f.value("signal.length_trend"), f.value("behavior.completion_diversity_trend")
     if length is not None and diversity is not None and length < 0.6 and diversity < -0.1 and gain <= 0.1:
         return RuleResult(
@@ -134,17 +133,33 @@ def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
             "warning",
             ("signal.length_trend", "behavior.completion_diversity_trend", "score.train_correctness_trend"),
         )
-    # ... or against the parent, on val (a habit can change in the run's first steps).
-    ratio, distinct = f.value("version.val_length_ratio"), f.value("version.val_distinct_delta")
-    delta = f.value("version.delta_to_parent", 0.0) or 0.0
-    if ratio is not None and distinct is not None and ratio < 0.6 and distinct < -0.1 and delta <= 0.05:
-        return RuleResult(
-            f"greedy val completions are {ratio:.0%} as long as the parent's and {-distinct:.0%} fewer are "
-            f"distinct, for {delta:+.3f} val correctness: a shortcut is replacing the reasoning",
-            "warning",
-            ("version.val_length_ratio", "version.val_distinct_delta", "version.delta_to_parent"),
-        )
     return None
+
+
+@rule(
+    "form_shift",
+    priority=2,
+    candidate_kinds=("optimizer: KL anchor to the parent", "optimizer: lower learning rate"),
+)
+def form_shift(f: Findings, ctx: Context) -> RuleResult | None:
+    """The form of the val answers moved from the parent's beyond the parent's own seed-to-seed
+    spread, and by a lot (`version.shift.*`). With a higher val score it is critical: a gain that
+    comes with a new form of answer is a verifier being learned until shown otherwise. Without
+    one it is a warning (a shortcut replacing the reasoning is one such shift: shorter, alike)."""
+    shifted = [x for x in f.all if x.metric.startswith("version.shift.") and x.severity != "info"]
+    if not shifted:
+        return None
+    delta = f.value("version.delta_to_parent", 0.0) or 0.0
+    what = "; ".join(x.explanation for x in shifted)
+    metrics = tuple(x.metric for x in shifted)
+    if delta > 0:
+        return RuleResult(
+            f"val correctness rose {delta:+.3f} while the form of the answers shifted: {what}. "
+            "A gain that comes with a new form of answer is suspect until shown to be skill",
+            "critical",
+            (*metrics, "version.delta_to_parent"),
+        )
+    return RuleResult(f"the form of the answers shifted for {delta:+.3f} val correctness: {what}", "warning", metrics)
 
 
 @rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))

@@ -258,6 +258,12 @@ MIGRATIONS: list[str] = [
         created_at TIMESTAMP NOT NULL DEFAULT current_timestamp
     );
     """,
+    # 6: harness evolution investigates an unexplained verdict before the decision: each proposed
+    # analyzer is measured on the version's val answers against its parent's (a probe).
+    """
+    ALTER TABLE harness_proposals ADD COLUMN version VARCHAR;  -- the version whose anomaly it investigated
+    ALTER TABLE harness_proposals ADD COLUMN probe JSON;       -- child vs parent on val: value, floor, counts
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -24,7 +24,15 @@ import anthropic
 from anthropic.types import Message
 from pydantic import ValidationError
 
-from engine.coach.backends.base import AnalyzerSpec, BackendError, ModelCall, PlanningContext, Proposals
+from engine.coach.backends.base import (
+    AnalyzerSpec,
+    BackendError,
+    ModelCall,
+    PlanningContext,
+    Proposals,
+    analyzer_name,
+)
+from engine.coach.evolution import UnsafeSQLError, check_sql
 from engine.coach.interventions import CATALOG, KIND_LAYER, KINDS, Intervention, InterventionError, check
 
 log = logging.getLogger(__name__)
@@ -67,21 +75,25 @@ literature the proposal rests on.
 Answer only by calling the tool `{tool}`."""
 
 _ANALYZER_SYSTEM = """\
-You extend the evaluation harness of a GRPO post-training workbench. An anomaly was observed that no existing \
-analyzer measures. Propose analyzers that would measure it, each as ONE SQL query that DuckDB runs over the \
-store and that gives ONE number for a run.
+You extend the evaluation harness of a GRPO post-training workbench. A version's score moved and no rule of \
+the harness explains it: `anomaly` says which way, and which findings moved most from the parent's diagnosis. \
+Propose analyzers that would measure what changed, each as ONE SQL query that DuckDB runs over the view \
+`completions` and that gives ONE number. Before the version is decided, each is measured on the version's \
+sampled val answers against its parent's; a large change beyond the parent's own seed-to-seed spread holds the \
+version back. Later, the harness computes it on each run's train rollouts.
 
-Tables:
-- rollouts(run_id VARCHAR, step INTEGER, split VARCHAR -- 'train' or 'val', decoding VARCHAR -- 'sampled' or \
-'greedy', group_id INTEGER, sample_idx INTEGER, task_id VARCHAR, subset VARCHAR, prompt VARCHAR, \
-completion VARCHAR, reward DOUBLE, reward_components MAP(VARCHAR, DOUBLE), truncated BOOLEAN, \
-completion_length INTEGER, num_turns INTEGER, tool_calls STRUCT(turn INTEGER, tool VARCHAR, args VARCHAR, \
-ok BOOLEAN, files VARCHAR[])[])
-- metrics(run_id VARCHAR, step INTEGER, key VARCHAR, value DOUBLE)
+The view (one run's rollouts; the engine decides which):
+- completions(text VARCHAR -- what the policy wrote: the completion, or a multi-turn episode's actions, \
+correct BOOLEAN -- judged correct, task_id VARCHAR, subset VARCHAR, prompt VARCHAR, completion VARCHAR, \
+reward DOUBLE, reward_components MAP(VARCHAR, DOUBLE), truncated BOOLEAN, completion_length INTEGER, \
+num_turns INTEGER, tool_calls STRUCT(turn INTEGER, tool VARCHAR, args VARCHAR, ok BOOLEAN, files VARCHAR[])[], \
+step INTEGER, group_id INTEGER, sample_idx INTEGER)
 
 Rules:
-- The query must filter on the run with the parameter `$run` (e.g. `WHERE run_id = $run`), be a single \
-read-only SELECT (or WITH ... SELECT), and return exactly one row with one numeric column.
+- The query reads `completions` and nothing else, is a single read-only SELECT (or WITH ... SELECT), and \
+returns exactly one row with one numeric column.
+- `kind` is "mean" for a quantity compared between versions as a ratio (a length, a count per completion), \
+"share" for a value in [0, 1] compared as a difference (a rate, a share).
 - `name` is snake_case (lowercase letters, digits, underscores; 3-41 characters, starting with a letter).
 - `layer` is where the number belongs: score (what evaluation says), signal (what the optimizer gets), \
 behavior (what the policy does), version (across versions).
@@ -152,7 +164,7 @@ class AnthropicBackend:
             system=system,
             user_text=_compact_json(payload),
             tool=analyzer_tool(),
-            parse=_parse_analyzers,
+            parse=lambda data: _parse_analyzers(data, frozenset(anomaly.get("existing", ()))),
         )
 
     # -- one forced tool call, validated, re-asked once --------------------------------------------------
@@ -312,7 +324,7 @@ def analyzer_tool() -> dict[str, Any]:
     spec.pop("title", None)
     return {
         "name": ANALYZER_TOOL,
-        "description": "Propose analyzers, each one SQL query over the store giving one number for a run.",
+        "description": "Propose analyzers, each one SQL query over `completions` giving one number.",
         "input_schema": {
             "type": "object",
             "properties": {
@@ -361,24 +373,27 @@ def _parse_proposals(data: dict[str, Any], ctx: PlanningContext) -> Proposals:
     return Proposals(interventions=out, rationale=rationale.strip(), backend=AnthropicBackend.name)
 
 
-def _parse_analyzers(data: dict[str, Any]) -> list[AnalyzerSpec]:
-    """AnalyzerSpecs from the tool input; a query that ignores `$run` or is not a SELECT is malformed."""
+def _parse_analyzers(data: dict[str, Any], taken: set[str] | frozenset[str] = frozenset()) -> list[AnalyzerSpec]:
+    """AnalyzerSpecs from the tool input. Names are made valid and unique (`analyzer_name`); a query
+    that is not one read-only SELECT over `completions` is malformed."""
     items = data.get("analyzers")
     if not isinstance(items, list) or not items:
         raise _MalformedOutput("'analyzers' must be a non-empty array")
     out: list[AnalyzerSpec] = []
+    names = set(taken)
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise _MalformedOutput(f"analyzers[{i}] must be an object")
+        fields = {k: v for k, v in item.items() if k != "source"}
+        fields["name"] = analyzer_name(str(fields.get("name") or f"model_analyzer_{i}"), taken=names)
         try:
-            spec = AnalyzerSpec.model_validate({**{k: v for k, v in item.items() if k != "source"}, "source": "model"})
+            spec = AnalyzerSpec.model_validate({**fields, "source": "model"})
+            check_sql(spec.sql)
         except ValidationError as exc:
             raise _MalformedOutput(f"analyzers[{i}]: {_describe(exc)}") from None
-        head = spec.sql.lstrip().split(None, 1)[0].lower() if spec.sql.strip() else ""
-        if head not in ("select", "with"):
-            raise _MalformedOutput(f"analyzers[{i}].sql must be a SELECT (or WITH ... SELECT) query")
-        if "$run" not in spec.sql:
-            raise _MalformedOutput(f"analyzers[{i}].sql must filter on the run with $run")
+        except UnsafeSQLError as exc:
+            raise _MalformedOutput(f"analyzers[{i}].sql: {exc}") from None
+        names.add(spec.name)
         out.append(spec)
     return out
 

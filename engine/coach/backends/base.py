@@ -8,6 +8,7 @@ implement the same protocol; the coach records every model call (tokens, errors)
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -72,19 +73,46 @@ class ModelCall:
     seconds: float = 0.0
 
 
-class AnalyzerSpec(BaseModel):
-    """A proposed analyzer as data: one SQL query over the store that gives one number for a run.
+#: An analyzer's name: a Python identifier that is also a file name (`<ws>/harness/<name>.py`).
+ANALYZER_NAME = r"^[a-z][a-z0-9_]{2,40}$"
 
-    The SQL may use ``$run`` (the run's id) and must return one row with one numeric column.
-    Harness evolution renders it into a workspace analyzer file; nothing else is executed.
+
+def analyzer_name(*parts: str, taken: set[str] | frozenset[str] = frozenset()) -> str:
+    """A valid analyzer name from free text (a metric, a template, a model's suggestion): lower
+    case, runs of other characters to one underscore, starting with a letter, at most 41
+    characters, and not in `taken` (a numbered suffix when it is)."""
+    slug = re.sub(r"[^a-z0-9]+", "_", "_".join(parts).lower()).strip("_")
+    if not slug[:1].isalpha():
+        slug = f"a_{slug}" if slug else "analyzer"
+    base = slug[:41].rstrip("_").ljust(3, "0")
+    name, n = base, 1
+    while name in taken:
+        n += 1
+        suffix = f"_{n}"
+        name = base[: 41 - len(suffix)].rstrip("_") + suffix
+    return name
+
+
+class AnalyzerSpec(BaseModel):
+    """A proposed analyzer as data: one SQL query over `completions` that gives one number.
+
+    `completions` holds the rollouts of one run (train rollouts when the harness diagnoses a run
+    and when past versions validate it; one sampled val pass when a version is probed against its
+    parent) with every column of `rollouts` plus `text` (what the policy wrote: the completion, or
+    a multi-turn episode's actions) and `correct` (the correctness component, or a positive reward).
+    The query reads nothing else and returns one row with one numeric column. Harness evolution
+    renders an adopted spec into a workspace analyzer file; nothing else is executed.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]{2,40}$")
+    name: str = Field(pattern=ANALYZER_NAME)
     layer: Literal["score", "signal", "behavior", "version"]
     sql: str = Field(min_length=10)
     explanation: str = Field(min_length=1, description="What the number means, one line.")
+    #: "mean": compared between versions as a ratio (doubled = a large change); "share": a value in
+    #: [0, 1] compared as a difference (0.2 = a large change).
+    kind: Literal["mean", "share"] = "mean"
     threshold: float | None = None
     higher_is: Literal["better", "worse"] = "better"
     template: str = ""

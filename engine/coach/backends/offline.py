@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.coach.backends.base import AnalyzerSpec, ModelCall, PlanningContext, Proposals
+from engine.coach.backends.base import AnalyzerSpec, ModelCall, PlanningContext, Proposals, analyzer_name
 from engine.coach.interventions import CATALOG, KIND_LAYER, TEMPLATES, Intervention, Template
 
 _NEGATION = re.compile(r"\b(no|not|don't|dont|avoid|stop|without|never)\b")
@@ -161,58 +161,109 @@ class OfflinePlanner:
         return Proposals(chosen, f"{why}; chosen: {', '.join(notes) or 'nothing applicable'}", self.name)
 
     def propose_analyzer(self, anomaly: dict[str, Any], ctx: PlanningContext) -> list[AnalyzerSpec]:
-        """Analyzer templates over data every run stores: reward components, lengths, diversity
-        and the optimizer metrics, each one number per run."""
-        train = "FROM rollouts WHERE run_id = $run AND split = 'train'"
-        specs = [
-            AnalyzerSpec(
-                name=f"component_{c}_mean",
-                layer="signal",
-                sql=f"SELECT avg(reward_components['{c}']) {train}",
-                explanation=f"mean of the {c} reward component over the run",
-                template="component_mean",
-            )
-            for c in anomaly.get("components", [])
-            if re.fullmatch(r"[a-z_]+", c)
-        ]
-        specs += [
-            AnalyzerSpec(
-                name="completion_length_mean",
-                layer="behavior",
-                sql=f"SELECT avg(completion_length) {train}",
-                explanation="mean completion length over the run",
-                template="length",
-            ),
-            AnalyzerSpec(
-                name="short_completion_share",
-                layer="behavior",
-                sql=f"""SELECT avg((completion_length < 0.5 * (SELECT median(completion_length) {train}))::INT)
-                        {train}""",
-                explanation="share of completions shorter than half the run's median length",
-                template="short_share",
-            ),
-            AnalyzerSpec(
-                name="distinct_completion_share",
-                layer="behavior",
-                sql=f"SELECT count(DISTINCT completion) / count(*) {train}",
-                explanation="distinct completions per rollout over the run",
-                template="distinct",
-            ),
-        ]
-        for key in anomaly.get("metric_keys", []):
-            if re.fullmatch(r"[A-Za-z_/]+", key):
-                slug = re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
-                specs.append(
-                    AnalyzerSpec(
-                        name=f"metric_{slug}_last",
-                        layer="signal",
-                        sql=f"""SELECT avg(value) FROM metrics WHERE run_id = $run AND key = '{key}'
-                                AND step > (SELECT max(step) - 10 FROM metrics WHERE run_id = $run)""",
-                        explanation=f"{key} over the run's last 10 steps",
-                        template="metric_last",
-                    )
-                )
+        """Analyzers for what moved: each finding that moved from the parent's diagnosis to the
+        version's (largest change first) brings the probes of its family; the general ones fill
+        the rest, up to `MAX_PROBES`. Names are valid by construction and unique."""
+        # Not correctness: the verdict already measured it, and it moved by definition.
+        components = [c for c in anomaly.get("components", []) if isinstance(c, str) and c != "correctness"]
+        families: list[str] = []
+        for moved in anomaly.get("moved", []):
+            metric = str(moved.get("metric", ""))
+            families += [f for words, fs in _FAMILIES for f in fs if any(w in metric for w in words)]
+            if metric.startswith("signal.component.") and metric.split(".")[2] in components:
+                families.append(f"component:{metric.split('.')[2]}")
+        families += ["length", "answer_spans", "distinct"] + [f"component:{c}" for c in components]
+        taken = set(anomaly.get("existing", []))
+        specs: list[AnalyzerSpec] = []
+        for family in dict.fromkeys(families):
+            spec = _probe_spec(family, taken)
+            if spec is None:
+                continue
+            taken.add(spec.name)
+            specs.append(spec)
+            if len(specs) == MAX_PROBES:
+                break
         return specs
+
+
+#: Probes an anomaly brings, by words in the metrics that moved.
+_FAMILIES: list[tuple[tuple[str, ...], tuple[str, ...]]] = [
+    (("length", "truncat"), ("length", "correct_length", "lines")),
+    (("answer", "span"), ("answer_spans",)),
+    (("distinct", "diversity", "novelty", "composition"), ("distinct", "digit_share", "letter_share")),
+    (("turn", "tool", "edit", "search", "test"), ("turns",)),
+    (("format",), ("component:format",)),
+]
+
+#: At most this many probes per anomaly.
+MAX_PROBES = 10
+
+#: family -> (layer, kind, SQL over `completions`, what the number means)
+_PROBES: dict[str, tuple[str, str, str, str]] = {
+    "length": ("behavior", "mean", "SELECT avg(length(text)) FROM completions", "mean characters the policy wrote"),
+    "correct_length": (
+        "behavior",
+        "mean",
+        "SELECT avg(length(text)) FROM completions WHERE correct",
+        "mean characters of the completions judged correct",
+    ),
+    "lines": (
+        "behavior",
+        "mean",
+        "SELECT avg(len(string_split(text, chr(10)))) FROM completions",
+        "mean lines per completion",
+    ),
+    "answer_spans": (
+        "behavior",
+        "mean",
+        "SELECT avg(len(regexp_extract_all(text, '[-+]?[0-9]+'))) FROM completions WHERE correct",
+        "numbers per correct completion (answer-like spans)",
+    ),
+    "distinct": (
+        "behavior",
+        "share",
+        "SELECT count(DISTINCT text) / count(*) FROM completions",
+        "share of distinct completions",
+    ),
+    "digit_share": (
+        "behavior",
+        "share",
+        "SELECT sum(length(regexp_replace(text, '[^0-9]', '', 'g'))) / sum(length(text)) FROM completions",
+        "share of digits in what the policy wrote",
+    ),
+    "letter_share": (
+        "behavior",
+        "share",
+        "SELECT sum(length(regexp_replace(text, '[^A-Za-z]', '', 'g'))) / sum(length(text)) FROM completions",
+        "share of letters in what the policy wrote",
+    ),
+    "turns": ("behavior", "mean", "SELECT avg(num_turns) FROM completions", "mean turns per episode"),
+}
+
+
+def _probe_spec(family: str, taken: set[str]) -> AnalyzerSpec | None:
+    if family.startswith("component:"):
+        component = family.split(":", 1)[1]
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", component):
+            return None
+        return AnalyzerSpec(
+            name=analyzer_name("component", component, "mean", taken=taken),
+            layer="signal",
+            sql=f"SELECT avg(reward_components['{component}']) FROM completions",
+            explanation=f"mean of the {component} reward component",
+            template="component_mean",
+        )
+    if family not in _PROBES:
+        return None
+    layer, kind, sql, explanation = _PROBES[family]
+    return AnalyzerSpec(
+        name=analyzer_name(family, taken=taken),
+        layer=layer,  # type: ignore[arg-type]
+        sql=sql,
+        explanation=explanation,
+        kind=kind,  # type: ignore[arg-type]
+        template=family,
+    )
 
 
 def _mentions(hit: dict[str, Any], template: Template) -> bool:

@@ -59,44 +59,6 @@ def lineage(ctx: Context) -> list[Finding]:
     return out
 
 
-@analyzer("behavior_vs_parent", "version")
-def behavior_vs_parent(ctx: Context) -> list[Finding]:
-    """Greedy val completions of this version against its parent's: mean length ratio and the
-    share of distinct completions. Training can change a habit in its first steps, so a run's own
-    first-vs-last trend misses what the comparison with the parent shows."""
-    if not ctx.version.parent:
-        return []
-    rows = ctx.q(
-        f"""
-        WITH latest AS ({LATEST_EVALUATED_RUNS})
-        SELECT l.version, avg(o.completion_length), count(DISTINCT o.completion) / count(*)
-        FROM latest l JOIN rollouts o ON o.run_id = l.run_id
-        WHERE o.split = 'val' AND o.decoding = 'greedy'
-          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = l.run_id AND split = 'val')
-        GROUP BY l.version
-        """,
-        {"version": ctx.version.name, "parent": ctx.version.parent},
-    )
-    got = {name: (length, distinct) for name, length, distinct in rows}
-    if len(got) < 2 or not got[ctx.version.parent][0]:
-        return []
-    (length, distinct), (p_length, p_distinct) = got[ctx.version.name], got[ctx.version.parent]
-    return [
-        Finding(
-            "version.val_length_ratio",
-            length / p_length,
-            "info",
-            f"greedy val completions {p_length:.1f} -> {length:.1f} tokens vs {ctx.version.parent}",
-        ),
-        Finding(
-            "version.val_distinct_delta",
-            distinct - p_distinct,
-            "info",
-            f"distinct greedy val completions {p_distinct:.0%} -> {distinct:.0%} vs {ctx.version.parent}",
-        ),
-    ]
-
-
 @analyzer("clean_protocol", "version")
 def clean_protocol(ctx: Context) -> list[Finding]:
     """Where the environment can leak (val is also played clean, split ``clean``): how much of the

@@ -7,17 +7,7 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-
-def report_lines(report: Any) -> list[str]:
-    if isinstance(report, dict) and "proposals" in report:
-        return [f"- {p['title']}" for p in report["proposals"]] or ["(no proposals)"]
-    if isinstance(report, list):
-        return [f"- {r['title']}: {r['backtest']['summary']}" for r in report]
-    if isinstance(report, dict) and "verdict" in report:
-        return [report["verdict"], f"proposed: {report['decision']}"]
-    if isinstance(report, dict) and "rules" in report:
-        return [f"{r['rule']}: {r['explanation']}" for r in report["rules"]] or ["no rule fired"]
-    return []
+from engine.coach.reports import gate_report_lines
 
 
 def gates_text(gates: list[dict[str, Any]]) -> Text:
@@ -30,7 +20,7 @@ def gates_text(gates: list[dict[str, Any]]) -> Text:
             f"{g['id']} {g['kind']}{' (forced)' if g['forced'] else ''}\n", style="bold yellow" if i == 0 else ""
         )
         text.append(f"{g['question']}\n")
-        for line in report_lines(g["report"].get("report")):
+        for line in gate_report_lines(g["report"].get("report"), detail=False):
             text.append(f"  {line}\n", style="dim")
     text.append("a approve · e revise · x abort", style="italic")
     return text

@@ -1,0 +1,38 @@
+"""What a gate's report says, in lines: one reading for the terminal and the workbench.
+
+A gate stores its report as JSON (`Gates.open`); the CLI prints it and the workbench shows it in
+its gates panel. This module imports nothing of the engine, so the workbench's widgets may use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def gate_report_lines(report: Any, detail: bool = True) -> list[str]:
+    """A gate's report, briefly: a design's proposals (with their hypotheses when `detail`), the
+    backtests, a verdict and the decision proposed (with its reason and what the investigation
+    of an unexplained verdict found), or a diagnosis's rules."""
+    if isinstance(report, dict) and "proposals" in report:
+        lines = [f"rationale: {report.get('rationale', '')}"] if detail else []
+        for p in report["proposals"]:
+            lines.append(f"- {p['title']}")
+            if detail:
+                lines.append(f"  hypothesis: {p['intervention']['hypothesis']}")
+        return lines or ["(no proposals)"]
+    if isinstance(report, list):
+        return [f"- {r['title']}: {r['backtest']['summary']}" for r in report]
+    if isinstance(report, dict) and "verdict" in report:
+        lines = [f"verdict: {report['verdict']}"]
+        investigation = report.get("investigation")
+        if investigation:
+            moved = ", ".join(m["metric"] for m in investigation["anomaly"].get("moved", [])[:3])
+            lines.append(f"unexplained: no rule fired{f'; moved most: {moved}' if moved else ''}")
+            found = [p for p in investigation["probes"] if p["found"]]
+            lines += [f"found: {p['summary']}" for p in found] or [f"investigated: {investigation['summary']}"]
+        proposed = f"proposed: {report['decision']}"
+        return [*lines, f"{proposed} ({report['reason']})" if detail else proposed]
+    if isinstance(report, dict) and "rules" in report:
+        rules = report["rules"]
+        return [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules] or ["no rule fired"]
+    return []

@@ -1,0 +1,245 @@
+"""Version layer: has the form of this version's answers moved away from its parent's?
+
+A score that jumps while the answers change their form is the classic signature of a verifier
+being learned instead of the task (answers sprayed until one matches, a format the checker
+accepts by mistake, a shortcut). These analyzers know nothing of the domain: they compare the
+policy's own text (the completion, or a multi-turn episode's actions) in the sampled val passes
+of the version's latest evaluation with its parent's, feature by feature, and count a shift only
+when it is both beyond the parent's own seed-to-seed spread (the same policy, sampled again) and
+large. The `form_shift` rule reads them.
+
+Features (each a finding `version.shift.<feature>`):
+- ratios of means: `length` (characters, every completion), `length_p90` (the tail),
+  `correct_length` and `answer_spans` (numbers per completion; add-one smoothed) over the
+  completions judged correct;
+- shares: `distinct` (distinct completions), `format` (the domain's `format` component passes,
+  where it has one), `composition` (total variation distance of the character classes digit,
+  letter, space, other, over correct completions) and `novelty` (the share of the correct
+  completions' shape trigrams, digits and letters collapsed to one symbol, that the parent's
+  correct completions never used).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from engine.harness.base import Context, Finding, analyzer
+
+#: A shift counts when it is beyond this many times the parent's own seed-to-seed spread ...
+FLOOR_MULT = 3.0
+#: ... and large: a mean at least doubled or halved ...
+LARGE_RATIO = 2.0
+#: ... or a share moved by at least this much.
+LARGE_SHARE = 0.2
+#: Correct completions each version needs for the features read from them.
+MIN_CORRECT = 20
+
+#: The text the policy wrote: a single-turn completion, or a multi-turn episode's actions.
+POLICY_TEXT = (
+    "CASE WHEN o.turns IS NULL THEN o.completion "
+    "ELSE array_to_string(json_extract_string(o.turns, '$[*].action'), chr(10)) END"
+)
+CORRECT = "coalesce(o.reward_components['correctness'], o.reward) > 0"
+#: Answer-like spans: numbers (integers and decimals, signed).
+ANSWER_SPAN = r"[-+]?[0-9]+(\.[0-9]+)?"
+
+_TEXTS = f"""
+    WITH latest AS (
+        SELECT DISTINCT ON (r.version) o.run_id, r.version FROM rollouts o JOIN runs r ON r.id = o.run_id
+        WHERE r.version IN ($version, $parent) AND r.state = 'succeeded' AND o.split = 'val'
+        ORDER BY r.version, r.ended_at DESC
+    )
+    SELECT l.version, o.sample_idx AS pass, {POLICY_TEXT} AS text, {CORRECT} AS correct,
+           o.reward_components['format'] AS format
+    FROM latest l JOIN rollouts o ON o.run_id = l.run_id
+    WHERE o.split = 'val' AND o.decoding = 'sampled'
+      AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = l.run_id AND split = 'val')
+"""
+
+
+@dataclass(frozen=True)
+class Shift:
+    """One feature of the child's form against its parent's."""
+
+    feature: str
+    kind: str  # "ratio" (child mean / parent mean) or "share" (a difference or a distance)
+    value: float  # the ratio, or the share's change
+    floor: float | None  # in the value's own units: how far the parent moves from itself
+    parent: float
+    child: float
+
+    @property
+    def beyond_floor(self) -> bool:
+        if self.floor is None:
+            return False
+        if self.kind == "ratio":
+            return abs(math.log(self.value)) > self.floor
+        return abs(self.value) > self.floor
+
+    @property
+    def large(self) -> bool:
+        if self.kind == "ratio":
+            return self.value >= LARGE_RATIO or self.value <= 1 / LARGE_RATIO
+        return abs(self.value) >= LARGE_SHARE
+
+    @property
+    def counts(self) -> bool:
+        return self.beyond_floor and self.large
+
+    def finding(self, parent_name: str) -> Finding:
+        floor = "no floor: one sampled pass"
+        if self.kind == "ratio":
+            what = f"{self.feature} {self.parent:.2f} -> {self.child:.2f} ({self.value:.2f}x"
+            if self.floor is not None:
+                floor = f"floor {math.exp(self.floor):.2f}x"
+            threshold = LARGE_RATIO
+        else:
+            what = f"{self.feature} {self.parent:.2f} -> {self.child:.2f} ({self.value:+.2f}"
+            if self.floor is not None:
+                floor = f"floor {self.floor:.2f}"
+            threshold = LARGE_SHARE
+        return Finding(
+            f"version.shift.{self.feature}",
+            self.value,
+            "warning" if self.counts else "info",
+            f"{what}; {floor}) vs {parent_name}",
+            threshold=threshold,
+        )
+
+
+def ratio_shift(feature: str, child: Sequence[float], parent: Sequence[float], smooth: float = 0.0) -> Shift | None:
+    """Means per sampled pass of the child and the parent -> the ratio of their means, with the
+    parent's pass-to-pass spread (in log ratio, times FLOOR_MULT) as its floor."""
+    if not child or not parent:
+        return None
+    c, p = sum(child) / len(child) + smooth, sum(parent) / len(parent) + smooth
+    if c <= 0 or p <= 0:
+        return None
+    logs = [math.log(x + smooth) for x in parent if x + smooth > 0]
+    floor = FLOOR_MULT * (max(logs) - min(logs)) if len(logs) >= 2 else None
+    return Shift(feature, "ratio", c / p, floor, p - smooth, c - smooth)
+
+
+def share_shift(feature: str, child: Sequence[float], parent: Sequence[float]) -> Shift | None:
+    """Shares per sampled pass -> the change of their mean, with the parent's pass-to-pass range
+    (times FLOOR_MULT) as its floor."""
+    if not child or not parent:
+        return None
+    c, p = sum(child) / len(child), sum(parent) / len(parent)
+    floor = FLOOR_MULT * (max(parent) - min(parent)) if len(parent) >= 2 else None
+    return Shift(feature, "share", c - p, floor, p, c)
+
+
+def distance_shift(feature: str, value: float, parent: float, child: float, spread: float | None) -> Shift:
+    """A distance between the child and the parent (0 = the same), with the distance between the
+    parent's own passes (times FLOOR_MULT) as its floor."""
+    return Shift(feature, "share", value, None if spread is None else FLOOR_MULT * spread, parent, child)
+
+
+@analyzer("form_vs_parent", "version")
+def form_vs_parent(ctx: Context) -> list[Finding]:
+    """How the form of the sampled val completions moved from the parent's (see the module)."""
+    parent = ctx.version.parent
+    if not parent:
+        return []
+    texts = ctx.materialize("shift_texts", _TEXTS, {"version": ctx.version.name, "parent": parent})
+    per_pass = ctx.q(
+        f"""
+        SELECT version = $version AS mine, pass,
+               avg(length(text)), quantile_cont(length(text), 0.9),
+               avg(length(text)) FILTER (WHERE correct),
+               avg(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE correct),
+               count(DISTINCT text) / count(*), avg((format = 1)::INT) FILTER (WHERE format IS NOT NULL),
+               count(*) FILTER (WHERE correct)
+        FROM {texts} GROUP BY ALL ORDER BY mine, pass
+        """,
+        {"version": ctx.version.name},
+    )
+    child = [r[2:] for r in per_pass if r[0]]
+    theirs = [r[2:] for r in per_pass if not r[0]]
+    if not child or not theirs:
+        return []
+
+    def column(rows: list[tuple[float | None, ...]], i: int) -> list[float]:
+        return [float(r[i]) for r in rows if r[i] is not None]
+
+    enough = sum(r[6] for r in child) >= MIN_CORRECT and sum(r[6] for r in theirs) >= MIN_CORRECT
+    candidates: list[Shift | None] = [
+        ratio_shift("length", column(child, 0), column(theirs, 0)),
+        ratio_shift("length_p90", column(child, 1), column(theirs, 1)),
+        share_shift("distinct", column(child, 4), column(theirs, 4)),
+        share_shift("format", column(child, 5), column(theirs, 5)),
+    ]
+    if enough:
+        candidates += [
+            ratio_shift("correct_length", column(child, 2), column(theirs, 2)),
+            ratio_shift("answer_spans", column(child, 3), column(theirs, 3), smooth=1.0),
+            _composition(ctx, texts),
+            _novelty(ctx, texts),
+        ]
+    return [s.finding(parent) for s in candidates if s is not None]
+
+
+#: Character classes of the composition feature, as regular expressions of what to keep.
+_CLASSES = {"digit": "[^0-9]", "letter": "[^A-Za-z]", "space": r"[^\s]"}
+
+
+def _composition(ctx: Context, texts: str) -> Shift | None:
+    """Total variation distance of the character-class shares of correct completions: child vs
+    parent (pooled passes), with the parent's first pass vs its others as the spread."""
+    counts = ", ".join(f"sum(length(regexp_replace(text, '{keep}', '', 'g')))" for keep in _CLASSES.values())
+    rows = ctx.q(
+        f"""SELECT version = $version AS mine, pass = (SELECT min(pass) FROM {texts}) AS first,
+                   {counts}, sum(length(text))
+            FROM {texts} WHERE correct GROUP BY ALL""",
+        {"version": ctx.version.name},
+    )
+
+    def shares(select: Callable[[bool, bool], bool]) -> list[float] | None:
+        picked = [r[2:] for r in rows if select(r[0], r[1])]
+        total = sum(r[-1] for r in picked)
+        if not total:
+            return None
+        classes = [sum(r[i] for r in picked) / total for i in range(len(_CLASSES))]
+        return [*classes, 1 - sum(classes)]  # the rest: punctuation and other symbols
+
+    child, parent = shares(lambda mine, _: mine), shares(lambda mine, _: not mine)
+    first, rest = shares(lambda mine, first: not mine and first), shares(lambda mine, first: not mine and not first)
+    if child is None or parent is None:
+        return None
+    spread = _tvd(first, rest) if first is not None and rest is not None else None
+    return distance_shift("composition", _tvd(child, parent), 0.0, _tvd(child, parent), spread)
+
+
+def _tvd(a: list[float], b: list[float]) -> float:
+    return sum(abs(x - y) for x, y in zip(a, b, strict=True)) / 2
+
+
+def _novelty(ctx: Context, texts: str) -> Shift | None:
+    """Share of the correct completions' shape trigrams (runs of digits -> 9, of letters -> a)
+    that the parent's correct completions never used; the spread is the same share for the
+    parent's later passes against its first."""
+    row = ctx.q1(
+        f"""
+        WITH shapes AS (
+            SELECT version = $version AS mine, pass = (SELECT min(pass) FROM {texts}) AS first,
+                   regexp_replace(regexp_replace(text, '[0-9]+', '9', 'g'), '[A-Za-z]+', 'a', 'g') AS s
+            FROM {texts} WHERE correct
+        ), grams AS (
+            SELECT mine, first, substr(s, i, 3) AS g FROM shapes, range(1, greatest(length(s) - 1, 1)) AS t(i)
+        ),
+        theirs AS (SELECT DISTINCT g FROM grams WHERE NOT mine),
+        first_pass AS (SELECT DISTINCT g FROM grams WHERE NOT mine AND first)
+        SELECT (SELECT avg((g NOT IN (SELECT g FROM theirs))::INT) FROM grams WHERE mine),
+               (SELECT avg((g NOT IN (SELECT g FROM first_pass))::INT) FROM grams WHERE NOT mine AND NOT first),
+               (SELECT count(DISTINCT pass) FROM {texts} WHERE version = $parent)
+        """,
+        {"version": ctx.version.name, "parent": ctx.version.parent},
+    )
+    if not row or row[0] is None:
+        return None  # the child's correct completions are too short to have a trigram
+    # The parent's later passes without trigrams have nothing new in them: a spread of 0.
+    novelty, spread = float(row[0]), (float(row[1] or 0.0) if row[2] >= 2 else None)
+    return distance_shift("novelty", novelty, 0.0, novelty, spread)

@@ -1,0 +1,112 @@
+"""An unexplained verdict is investigated before the decision, on a real loop of the coach whose
+runs are scripted (tests/scripted_runs.py): the engine ingests, judges and diagnoses them as any."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from engine.coach.backends.base import ANALYZER_NAME, AnalyzerSpec, PlanningContext, analyzer_name
+from engine.coach.backends.offline import MAX_PROBES, OfflinePlanner
+from engine.coach.reports import gate_report_lines
+from engine.core import Engine
+from engine.domains.base import Domain, Task
+from engine.workspace import Workspace, init_workspace
+from evotui.cli import app
+from tests.conftest import commit_workspace_toml, tiny_toml
+from tests.scripted_runs import ScriptedRunner, demonstrated
+
+#: Each version's chance of answering a task right: every child of v0 is better, in the same form.
+QUALITY = {"v0": 0.3, "v1": 0.55, "v2": 0.55, "v3": 0.8}
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, sample_toml: str) -> Workspace:
+    ws = init_workspace(tmp_path / "ws")
+    ws.config_path.write_text(tiny_toml(sample_toml, val_size=200, sampled_seeds=2, grpo_steps=4))
+    commit_workspace_toml(ws, "scripted runs")
+    return ws
+
+
+def test_evotui_run_investigates_an_unexplained_gain_before_promoting_it(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("engine.core.LocalRunner", lambda: ScriptedRunner(QUALITY.__getitem__))
+    result = CliRunner().invoke(app, ["run", str(workspace.root), "--auto-approve", "--versions", "3"])
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output and "investigating before the decision" in result.output
+    with Engine.open(workspace.root) as engine:
+        v1 = engine.store.get_version("v1")
+        assert v1 is not None and v1.verdict == "improved" and v1.state == "promoted"
+        assert "checked before this decision: no rule explains the improved verdict" in (v1.decision_reason or "")
+        # The record: the investigation's events come before v1's decision, and its probes are stored.
+        events = engine.store.query("SELECT id, kind, version, payload->>'message' FROM events ORDER BY id")
+        investigated = [i for i, kind, _, message in events if kind == "coach_evolution" and message.startswith("v1 ")]
+        (decided,) = [i for i, kind, version, _ in events if kind == "decision" and version == "v1"]
+        assert investigated and max(investigated) < decided
+        probes = engine.store.query(
+            "SELECT name, probe->>'found', probe->'shift'->>'floor' FROM harness_proposals WHERE version = 'v1'"
+        )
+        assert probes and all(found == "false" for _, found, _ in probes)
+        assert all(floor is not None for _, _, floor in probes)  # two sampled passes: every probe has a floor
+        assert len(engine.store.query("SELECT name FROM versions WHERE parent IS NOT NULL")) == 3
+        # With the after-completion gate on, the person sees the anomaly and what was checked.
+        (report,) = engine.store.query_one(
+            "SELECT report FROM gates WHERE kind = 'after_completion' AND subject = 'v1'"
+        ) or ("{}",)
+        lines = gate_report_lines(json.loads(report)["report"])
+        assert lines[1].startswith("unexplained: no rule fired") and lines[2].startswith("investigated: checked")
+        assert lines[-1].startswith("proposed: promoted")
+
+
+def test_a_probe_that_moves_beyond_its_floor_holds_the_version(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness's own analyzers see nothing (the answers keep their form), but a probe the
+    anomaly brings does: where the parent was wrong by one, the child is wrong by fifty, so the
+    `closeness` component (logged, not trained on) halves."""
+
+    def far_off(version: str, domain: Domain, task: Task, correct: bool) -> str:
+        return demonstrated(version, domain, task, correct, off=1 if version == "v0" else 50)
+
+    quality = {"v0": 0.3, "v1": 0.45}
+    monkeypatch.setattr("engine.core.LocalRunner", lambda: ScriptedRunner(quality.__getitem__, far_off))
+    result = CliRunner().invoke(app, ["run", str(workspace.root), "--auto-approve", "--versions", "1"])
+    assert result.exit_code == 0, result.output
+    with Engine.open(workspace.root) as engine:
+        v1 = engine.store.get_version("v1")
+        assert v1 is not None and v1.verdict == "improved"
+        (rules,) = engine.store.query_one("SELECT rules FROM diagnoses WHERE run_id = 'v1-train-1'") or ("",)
+        assert "form_shift" not in rules  # the built-in analyzers are quiet: the form did not change
+        reason = v1.decision_reason or ""
+        assert v1.state == "rejected" and "the investigation found shifts no rule measured" in reason
+        assert "component_closeness_mean" in reason
+        (found,) = engine.store.query("SELECT name FROM harness_proposals WHERE version = 'v1' AND probe->>'found'")
+        assert found == ("component_closeness_mean",)
+
+
+def test_offline_proposals_follow_what_moved_and_are_valid_by_construction() -> None:
+    """The crash a real loop hit: a metric key too long for a name. Names now come out valid and
+    unique whatever the findings are called, and the most moved finding's probes come first."""
+    moved = [
+        {"metric": "signal.completions/max_terminated_length_last_over_the_whole_run", "size": 3.0},
+        {"metric": "version.shift.distinct", "size": 1.0},
+    ]
+    anomaly = {"verdict": "improved", "moved": moved, "components": ["correctness", "format"], "existing": ["length"]}
+    ctx = PlanningContext(parent="v0", parent_config=None, domain="math", diagnosis=None)  # type: ignore[arg-type]
+    specs = OfflinePlanner().propose_analyzer(anomaly, ctx)
+    names = [s.name for s in specs]
+    assert all(AnalyzerSpec.model_validate(s.model_dump()) for s in specs)
+    assert names[0] == "length_2" and "distinct" in names  # length moved most; "length" was taken
+    assert len(set(names)) == len(names) <= MAX_PROBES
+
+
+@pytest.mark.parametrize("text", ["", "9", "__", "Completions/Max-Terminated-Length" * 3, "é🙂", "a" * 60, "9lives"])
+def test_analyzer_names_are_valid_for_any_text(text: str) -> None:
+    import re
+
+    name = analyzer_name(text, taken={"a00", "analyzer"})
+    assert re.match(ANALYZER_NAME, name) and name not in {"a00", "analyzer"}
