@@ -56,9 +56,15 @@ class MathDomainConfig(_DomainSection):
     REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = ("correctness", "format", "closeness")
 
     name: Literal["math"] = "math"
-    seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
+    seed: int = Field(1234, description="Seed of the task generator; train, val and test are derived from it.")
     train_size: int = Field(4000, ge=1)
     val_size: int = Field(200, ge=1)
+    test_size: int = Field(
+        0,
+        ge=0,
+        description="Held-out test tasks, drawn apart from train and val: nothing that decides reads them; "
+        "`evotui eval --split test` and the benchmark's report do (0: no test split).",
+    )
     min_operands: int = Field(3, ge=2, le=6)
     max_operands: int = Field(4, ge=2, le=6)
     max_operand: int = Field(9, ge=1, le=999, description="Operands are drawn from 0..max_operand.")
@@ -82,9 +88,15 @@ class CodeDomainConfig(_DomainSection):
     REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = ("correctness", "pass_fraction", "format")
 
     name: Literal["code"] = "code"
-    seed: int = Field(1234, description="Seed of the task generator; train and val are derived from it.")
+    seed: int = Field(1234, description="Seed of the task generator; train, val and test are derived from it.")
     train_size: int = Field(2000, ge=1)
     val_size: int = Field(200, ge=1)
+    test_size: int = Field(
+        0,
+        ge=0,
+        description="Held-out test tasks, drawn apart from train and val: nothing that decides reads them; "
+        "`evotui eval --split test` and the benchmark's report do (0: no test split).",
+    )
     demo_flaw_rate: float = Field(
         0.3,
         ge=0,
@@ -144,9 +156,15 @@ class SweDomainConfig(_DomainSection):
     )
 
     name: Literal["swe"] = "swe"
-    seed: int = Field(1234, description="Seed of the repository generator; train and val are derived from it.")
+    seed: int = Field(1234, description="Seed of the repository generator; train, val and test are derived from it.")
     train_size: int = Field(2000, ge=1)
     val_size: int = Field(200, ge=1)
+    test_size: int = Field(
+        0,
+        ge=0,
+        description="Held-out test tasks, drawn apart from train and val: nothing that decides reads them; "
+        "`evotui eval --split test` and the benchmark's report do (0: no test split).",
+    )
     max_turns: int = Field(10, ge=2, le=40, description="Actions per episode (at least an edit and a submit).")
     leak_fix_in_history: bool = Field(
         False,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomli_w
 
@@ -29,7 +29,7 @@ from engine.runs.ingest import ingest_run
 from engine.runs.runner import LocalRunner, Runner
 from engine.runs.spec import RunKind, RunSpec
 from engine.store import RunRecord, Store, VersionRecord
-from engine.verdict import Verdict, compare_runs
+from engine.verdict import Scores, Verdict, clean_split, compare_runs, split_scores
 from engine.versions import DECISIONS, VersionTree
 from engine.workspace import Workspace
 
@@ -246,7 +246,7 @@ class Engine:
         if self.version_config(record.parent).domain != self.version_config(version).domain:
             # The child changed the environment (e.g. closed a leak): val as each saw it is not
             # common ground, the clean replay is (a run without one was clean already).
-            splits = (self._clean_split(parent_run.id), self._clean_split(child_run.id))
+            splits = (clean_split(self.store, parent_run.id), clean_split(self.store, child_run.id))
         verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits)
         self.store.update_version(version, verdict=verdict.label)
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
@@ -277,11 +277,6 @@ class Engine:
         )
         return self.store.get_run(row[0]) if row else None
 
-    def _clean_split(self, run_id: str) -> str:
-        """'clean' when the run also replayed val in the clean environment (a leaky one), else 'val'."""
-        row = self.store.query_one("SELECT count(*) FROM rollouts WHERE run_id = ? AND split = 'clean'", [run_id])
-        return "clean" if row and row[0] else "val"
-
     def _record_scores(self, version: str, run_id: str) -> None:
         row = self.store.query_one(
             """
@@ -307,9 +302,11 @@ class Engine:
         model_out: Path | None,
         progress: ProgressFn | None = None,
         layers: Layers = None,
+        split: Literal["val", "test"] = "val",
     ) -> RunRecord:
         """Launch a worker for one run and follow it to the end, then diagnose it with the harness
-        `layers` (None: all); raises RunFailed if it fails."""
+        `layers` (None: all); raises RunFailed if it fails. An eval run of the test split is not
+        diagnosed: nothing that decides reads test."""
         run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
         run_dir = self.workspace.runs_dir / run_id
         spec = RunSpec(
@@ -320,6 +317,7 @@ class Engine:
             model_in=model_in,
             model_out=model_out,
             workspace=self.workspace.root,
+            split=split,
         )
         spec.save(run_dir)
         self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
@@ -349,7 +347,8 @@ class Engine:
         run = self._finish_run(run_id, returncode)
         if run.state == "succeeded":
             self._record_scores(version, run_id)  # a version's score is its latest evaluation
-        self.diagnose_run(run, layers)
+        if split == "val":
+            self.diagnose_run(run, layers)
         update.state = run.state
         update.error = run.error_tail
         if progress is not None:
@@ -442,9 +441,23 @@ class Engine:
         )
         return {key: (first, last) for key, first, last in rows}
 
+    def evaluate(
+        self, version: str, split: Literal["val", "test"] = "test", progress: ProgressFn | None = None
+    ) -> tuple[RunRecord, Scores]:
+        """Evaluate a version's checkpoint on `split` in an eval run of its own (test: what
+        `evotui eval --split test` and the benchmark's report ask for; no decision reads it)."""
+        record = self.store.get_version(version)
+        if record is None or not record.checkpoint:
+            raise ValueError(f"{version} has no checkpoint to evaluate (train it first)")
+        config = self.version_config(version)
+        run = self.execute(
+            version, "eval", config, self.workspace.root / record.checkpoint, None, progress=progress, split=split
+        )
+        return run, split_scores(self.store, run.id, split)
+
     def latest_run(self, version: str) -> RunRecord:
         """The run a version is diagnosed from: its last succeeded train run, else its warm-up."""
-        runs = [r for r in self.store.list_runs(version) if r.state == "succeeded"]
+        runs = [r for r in self.store.list_runs(version) if r.state == "succeeded" and r.kind != "eval"]
         if not runs:
             raise ValueError(f"{version} has no succeeded run to diagnose")
         trained = [r for r in runs if r.kind == "train"]

@@ -84,6 +84,53 @@ def per_task_correctness(store: Store, run_id: str, decoding: str, split: str = 
     return {(task, prompt): float(value) for task, prompt, value in rows}
 
 
+@dataclass(frozen=True)
+class Scores:
+    """A run's last evaluation of one split: greedy and sampled correctness, the sampled score's
+    95% half-width over tasks (each task's mean over the sampled passes), and the task count."""
+
+    split: str
+    greedy: float | None
+    sampled: float | None
+    halfwidth: float | None
+    n_tasks: int
+
+    def summary(self) -> str:
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{x:.3f}"
+
+        floor = "" if self.halfwidth is None else f" ±{self.halfwidth:.3f}"
+        return f"{self.split}: greedy {pct(self.greedy)}, sampled {pct(self.sampled)}{floor} on {self.n_tasks} tasks"
+
+
+def clean_split(store: Store, run_id: str) -> str:
+    """The split of a run's clean val replay: 'clean' when it has one (a leaky environment),
+    else 'val' (which is then clean)."""
+    row = store.query_one("SELECT count(*) FROM rollouts WHERE run_id = ? AND split = 'clean'", [run_id])
+    return "clean" if row and row[0] else "val"
+
+
+def split_scores(store: Store, run_id: str, split: str) -> Scores:
+    """The scores of a run's last evaluation of `split` (val, clean or test)."""
+    row = store.query_one(
+        """
+        WITH ev AS (SELECT * FROM rollouts WHERE run_id = $run AND split = $split),
+        last AS (SELECT * FROM ev WHERE step = (SELECT max(step) FROM ev)),
+        per_task AS (
+            SELECT task_id, avg(coalesce(reward_components['correctness'], reward)) AS solved
+            FROM last WHERE decoding = 'sampled' GROUP BY task_id
+        )
+        SELECT (SELECT avg(coalesce(reward_components['correctness'], reward)) FROM last WHERE decoding = 'greedy'),
+               avg(solved), 1.96 * stddev_samp(solved) / sqrt(count(*)),
+               greatest(count(*), (SELECT count(DISTINCT task_id) FROM last))
+        FROM per_task
+        """,
+        {"run": run_id, "split": split},
+    )
+    greedy, sampled, halfwidth, n = row if row else (None, None, None, 0)
+    return Scores(split, greedy, sampled, halfwidth, int(n or 0))
+
+
 def paired_bootstrap(parent: np.ndarray, child: np.ndarray, seed: int = 0) -> tuple[float, float]:
     """95% percentile interval of mean(child - parent) over tasks resampled with replacement."""
     diff = child - parent

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -585,6 +586,36 @@ def diagnose_cmd(workspace: WorkspaceArg, version: VersionArg, as_json: JsonOpt 
     console.print(f"[bold]{diagnosis['run_id']}[/] · harness {diagnosis['harness_revision']}", highlight=False)
     for line in headline(diagnosis, limit=50):
         console.print(f"  {line}", highlight=False)
+
+
+@app.command("eval")
+def eval_cmd(
+    workspace: WorkspaceArg,
+    version: VersionArg,
+    split: Annotated[
+        str, typer.Option(help="test (held out from every decision) or val (what the loop decides on).")
+    ] = "test",
+    as_json: JsonOpt = False,
+) -> None:
+    """Evaluate a version on a split, greedy and sampled, with the sampled score's 95% half-width.
+
+    Test is the split nothing in the loop reads: its score carries no winner's curse. The run is
+    stored like any (an eval run), and the rollout browser shows its rollouts."""
+    if split not in ("val", "test"):
+        _fail(ValueError(f"--split must be val or test, not {split!r}"))
+    try:
+        if engine_socket(workspace) is not None:
+            raise RuntimeError(f"an engine serves {workspace}; stop it first (`evotui engine {workspace} --stop`)")
+        with Engine.open(workspace) as engine:
+            progress = _progress()
+            with progress:
+                run, scores = engine.evaluate(version, split, _RunDisplay(progress))  # type: ignore[arg-type]
+    except (*USER_ERRORS, ValueError, RuntimeError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json({"run_id": run.id, **asdict(scores)})
+        return
+    console.print(f"{version} on {scores.summary()} ({run.id})", highlight=False)
 
 
 @app.command()

@@ -220,7 +220,7 @@ def test_the_filter_bar_sends_only_the_fields_that_are_set() -> None:
         "used_history": True,
     }
     # Every split the filter offers is one the engine's protocol accepts (clean: a leaky val played clean).
-    for split in ("train", "val", "clean"):
+    for split in ("train", "val", "clean", "test"):
         assert RolloutFilter.model_validate(build_filter("", "", "", "", split, "any", "any", "any")).split == split
     assert rows_label(50, 50, 1234) == "rows 51-100 of 1,234"
     assert rows_label(0, 0, 0) == "no rows of 0"

@@ -35,6 +35,7 @@ from engine.coach.loop import Coach, CoachEvent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.store import Store
+from engine.verdict import clean_split, split_scores
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
 
@@ -174,28 +175,8 @@ def _cpu_seconds() -> float:
 def clean_scores(store: Store, run_id: str) -> tuple[float | None, float | None, float | None, int]:
     """(greedy, sampled, 95% half-width of sampled, tasks) of a run's last evaluation, on split
     ``clean`` when it has one (a leaky environment), else ``val`` (then val is clean)."""
-    row = store.query_one(
-        """
-        WITH ev AS (
-            SELECT * FROM rollouts
-            WHERE run_id = $run AND split = (
-                SELECT CASE WHEN bool_or(split = 'clean') THEN 'clean' ELSE 'val' END
-                FROM rollouts WHERE run_id = $run AND split IN ('val', 'clean'))
-        ),
-        last AS (SELECT * FROM ev WHERE step = (SELECT max(step) FROM ev)),
-        per_task AS (
-            SELECT task_id, avg(coalesce(reward_components['correctness'], reward)) AS solved
-            FROM last WHERE decoding = 'sampled' GROUP BY task_id
-        )
-        SELECT (SELECT avg(coalesce(reward_components['correctness'], reward)) FROM last WHERE decoding = 'greedy'),
-               avg(solved), 1.96 * stddev_samp(solved) / sqrt(count(*)), count(*)
-        FROM per_task
-        """,
-        {"run": run_id},
-    )
-    if not row:
-        return None, None, None, 0
-    return row[0], row[1], row[2], int(row[3] or 0)
+    s = split_scores(store, run_id, clean_split(store, run_id))
+    return s.greedy, s.sampled, s.halfwidth, s.n_tasks
 
 
 def version_rows(engine: Engine) -> list[VersionRow]:

@@ -45,6 +45,24 @@ def draw_distinct(
     return tasks
 
 
+#: The splits: train (GRPO trains on it), val (every decision reads it), test (held out from
+#: everything that decides: only `evotui eval --split test` and the benchmark's report read it).
+SPLITS = ("train", "val", "test")
+
+
+def held_out_splits(
+    draw: Callable[[str, int, set[str]], list[Task]], train_size: int, val_size: int, test_size: int
+) -> dict[str, list[Task]]:
+    """The three splits of a generated domain, none sharing a prompt: val first, each from its
+    own random stream (`draw(split, count, exclude)`), then test without val's prompts, then train
+    without either. Val does not depend on test_size, nor on train_size, so adding a test split
+    leaves val as it was; all three are fixed by the seed alone."""
+    val = draw("val", val_size, set())
+    test = draw("test", test_size, {t.prompt for t in val}) if test_size else []
+    train = draw("train", train_size, {t.prompt for t in [*val, *test]})
+    return {"train": train, "val": val, "test": test}
+
+
 # A reward component scores one completion of one task; 0.0 is the floor, 1.0 a full score.
 RewardFn = Callable[[Task, str], float]
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from engine.config import CodeDomainConfig
 from engine.domains import reward_functions
-from engine.domains.base import RewardFn, Task, draw_distinct
+from engine.domains.base import SPLITS, RewardFn, Task, draw_distinct, held_out_splits
 
 FENCE = "```"
 #: The verdict cache holds this many (task, completion) results: a GRPO batch scores each
@@ -363,11 +363,7 @@ class CodeDomain:
     # -- tasks ---------------------------------------------------------------------------------
     @cached_property
     def _splits(self) -> dict[str, list[Task]]:
-        # As in math: val is drawn first from its own stream and train skips every val prompt,
-        # so the held-out split is really held out and both are fixed by the seed alone.
-        val = self._draw("val", self.config.val_size, exclude=set())
-        train = self._draw("train", self.config.train_size, exclude={t.prompt for t in val})
-        return {"train": train, "val": val}
+        return held_out_splits(self._draw, self.config.train_size, self.config.val_size, self.config.test_size)
 
     def _draw(self, split: str, count: int, exclude: set[str]) -> list[Task]:
         rng = random.Random(f"code:{self.config.seed}:{split}")
@@ -389,12 +385,12 @@ class CodeDomain:
             exclude,
             draw,
             f"code domain: cannot draw {count} distinct {split} tasks from {len(families)} families; "
-            "lower train_size or val_size",
+            "lower train_size, val_size or test_size",
         )
 
     def tasks(self, split: str) -> Sequence[Task]:
         if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; the code domain has 'train' and 'val'")
+            raise KeyError(f"unknown split {split!r}; the code domain has {', '.join(SPLITS)}")
         return self._splits[split]
 
     def demonstration(self, task: Task, rng: random.Random | None = None) -> str:

@@ -257,6 +257,8 @@ def _validate(domain: Any, path: Path) -> None:
             )
 
     splits = {split: _validated_tasks(domain, path, split) for split in ("train", "val")}
+    if offers_test(domain):  # optional: a held-out split only reports read
+        splits["test"] = _validated_tasks(domain, path, "test")
     ids: dict[str, str] = {}
     for split, tasks in splits.items():
         for task in tasks:
@@ -269,13 +271,22 @@ def _validate(domain: Any, path: Path) -> None:
                     "give every task of both splits its own id, e.g. f'{split}-{i:05d}'",
                 )
             ids[task.task_id] = split
-    if {t.prompt for t in splits["train"]} & {t.prompt for t in splits["val"]}:
+    for held_out in ("val", "test"):
+        if held_out in splits and {t.prompt for t in splits["train"]} & {t.prompt for t in splits[held_out]}:
+            raise _wrong(
+                domain,
+                path,
+                "tasks",
+                f"some {held_out} prompts also appear in train, so {held_out} is not held out",
+                f"draw {held_out} first and skip its prompts when drawing train",
+            )
+    if "test" in splits and {t.prompt for t in splits["val"]} & {t.prompt for t in splits["test"]}:
         raise _wrong(
             domain,
             path,
             "tasks",
-            "some val prompts also appear in train, so val is not held out",
-            "draw val first and skip its prompts when drawing train",
+            "some test prompts also appear in val, so test is not apart from what decides",
+            "draw test after val and skip val's prompts",
         )
 
     samples = [*splits["train"][:SAMPLE_TASKS], *splits["val"][:SAMPLE_TASKS]]
@@ -309,6 +320,15 @@ def _validate(domain: Any, path: Path) -> None:
         _validate_behavior(domain, path, demonstrations)
     if hasattr(domain, "environment"):
         _validate_environment(domain, path, samples)
+
+
+def offers_test(domain: Any) -> bool:
+    """Whether a custom domain has a test split (optional): `tasks('test')` returns tasks rather
+    than raising KeyError or ValueError (or returning none)."""
+    try:
+        return bool(domain.tasks("test"))
+    except (KeyError, ValueError, IndexError):
+        return False
 
 
 def _validated_tasks(domain: Any, path: Path, split: str) -> Sequence[Task]:
@@ -487,8 +507,11 @@ class CustomDomain:
         self.source_digest = hashlib.sha256(source.read_bytes()).hexdigest()
         self.name: str = inner.name
         self.alphabet: str = inner.alphabet
+        self.has_test = offers_test(inner)
 
     def tasks(self, split: str) -> Sequence[Task]:
+        if split == "test" and not self.has_test:
+            return []
         with _user_code(self.source, f"tasks({split!r})", "fix the task generator"):
             return self.inner.tasks(split)
 

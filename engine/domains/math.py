@@ -14,7 +14,7 @@ from functools import cached_property
 
 from engine.config import MathDomainConfig
 from engine.domains import reward_functions
-from engine.domains.base import RewardFn, Task, draw_distinct
+from engine.domains.base import SPLITS, RewardFn, Task, draw_distinct, held_out_splits
 
 _ANSWER = re.compile(r"A:(-?\d+)\s*$")
 _WELL_FORMED = re.compile(r"(-?\d+[+-]\d+=-?\d+;)*A:-?\d+")
@@ -38,12 +38,7 @@ class MathDomain:
 
     @cached_property
     def _splits(self) -> dict[str, list[Task]]:
-        # Val is drawn first from its own stream; train skips every val expression, so the
-        # held-out split is really held out, and both are fixed by the seed alone.
-        cfg = self.config
-        val = self._draw("val", cfg.val_size, exclude=set())
-        train = self._draw("train", cfg.train_size, exclude={t.prompt for t in val})
-        return {"train": train, "val": val}
+        return held_out_splits(self._draw, self.config.train_size, self.config.val_size, self.config.test_size)
 
     def _draw(self, split: str, count: int, exclude: set[str]) -> list[Task]:
         cfg = self.config
@@ -67,7 +62,7 @@ class MathDomain:
 
     def tasks(self, split: str) -> Sequence[Task]:
         if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; the math domain has 'train' and 'val'")
+            raise KeyError(f"unknown split {split!r}; the math domain has {', '.join(SPLITS)}")
         return self._splits[split]
 
     def demonstration(self, task: Task, rng: random.Random | None = None) -> str:

@@ -1,9 +1,10 @@
-"""Evaluation on the held-out split: greedy once, then sampled with fixed seeds.
+"""Evaluation on a held-out split: greedy once, then sampled with fixed seeds.
 
-Episodes play in the environment as the workspace configures it: with the SWE leak switch on,
-val leaks too, as a contaminated benchmark does, and that is the score the loop sees. A leaky
-domain is also evaluated in its clean environment, stored as split ``clean``: the score a
-person (and `evotui bench`) can trust, which no decision of the loop reads."""
+Val is what every decision reads. Its episodes play in the environment as the workspace
+configures it: with the SWE leak switch on, val leaks too, as a contaminated benchmark does, and
+that is the score the loop sees; a leaky domain's val is also replayed clean (split ``clean``),
+which the harness's leak check reads. Test is held out from everything that decides: only
+`evotui eval --split test` and the benchmark's report evaluate it, always clean."""
 
 from __future__ import annotations
 
@@ -92,12 +93,14 @@ def evaluate(
     step: int,
     seed: int = 0,
     clean: bool = False,
+    split: str = "val",
 ) -> EvalResult:
-    """Val rollouts, greedy and sampled; `clean` plays agentic episodes without the leak and
-    stores them as split ``clean``."""
-    tasks = list(domain.tasks("val"))
+    """Rollouts of a held-out split, greedy and sampled. Val: `clean` plays agentic episodes
+    without the leak and stores them as split ``clean``. Test always plays clean."""
+    tasks = list(domain.tasks(split))
     prompts = [t.prompt for t in tasks]
-    split = "clean" if clean else "val"
+    clean = clean or split == "test"
+    split = "clean" if clean and split == "val" else split
     greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
     sampled = RolloutBatch(run_id=run_id, step=step, split=split, decoding="sampled")
     if is_agentic(domain):

@@ -28,6 +28,8 @@ class RunSpec(BaseModel):
     threads: int | None = None
     #: The workspace directory (a custom domain's code lives in it).
     workspace: Path | None = None
+    #: The split a run evaluates: val (every run), or test (an eval run `evotui eval --split test` asks for).
+    split: Literal["val", "test"] = "val"
 
     @property
     def total_steps(self) -> int:

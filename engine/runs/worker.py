@@ -33,8 +33,13 @@ from engine.runs.spec import RunSpec
 def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
     cfg = spec.config
     domain = make_domain(cfg.domain, spec.workspace)
-    # A leaky environment is also evaluated clean (split "clean"), the score no decision reads.
-    for clean in (False, True) if getattr(domain, "leaky", False) else (False,):
+    # Val, and for a leaky environment val again clean (split "clean", for the leak check); an
+    # eval run of the test split plays test alone (clean).
+    if spec.split == "test":
+        replays: tuple[bool, ...] = (True,)
+    else:
+        replays = (False, True) if getattr(domain, "leaky", False) else (False,)
+    for clean in replays:
         result = evaluate(
             model,
             tokenizer,
@@ -47,6 +52,7 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
             step=step,
             seed=cfg.recipe.seed,
             clean=clean,
+            split=spec.split,
         )
         for batch in (result.greedy, result.sampled):
             file = write_rollouts(run_dir, f"{batch.split}-{batch.decoding}-{step:06d}", batch)

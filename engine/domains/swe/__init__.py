@@ -19,7 +19,16 @@ from functools import cached_property, partial
 
 from engine.config import SweDomainConfig
 from engine.domains import reward_functions
-from engine.domains.base import EDIT_TOOL, LOOK_TOOLS, TEST_TOOL, Episode, EpisodeRewardFn, RewardFn, Task
+from engine.domains.base import (
+    EDIT_TOOL,
+    LOOK_TOOLS,
+    SPLITS,
+    TEST_TOOL,
+    Episode,
+    EpisodeRewardFn,
+    RewardFn,
+    Task,
+)
 from engine.domains.judge import ClaudeJudge
 from engine.domains.swe.demos import demonstration_actions
 from engine.domains.swe.env import PROMPT_MARKER, SweEnvironment, TestRunner, replay
@@ -71,19 +80,21 @@ class SweDomain:
 
     @cached_property
     def _splits(self) -> dict[str, list[Task]]:
-        splits: dict[str, list[Task]] = {"train": [], "val": []}
+        splits: dict[str, list[Task]] = {split: [] for split in SPLITS}
         for task, _ in self._repos.values():
             splits[task.task_id.split("-")[0]].append(task)
         return splits
 
     @cached_property
     def _repos(self) -> dict[str, tuple[Task, Repo]]:
-        # Val is drawn first from its own stream; train skips every val prompt, so the held-out
-        # split is really held out and both are fixed by the seed alone. Prompts are unique across
-        # both: TRL's rollout function receives only the prompt and must find the task from it.
+        # As `held_out_splits` does: val first from its own stream, then test, then train, each
+        # skipping the prompts drawn before, so the held-out splits are really held out and all
+        # are fixed by the seed alone. Prompts are unique across the splits: TRL's rollout
+        # function receives only the prompt and must find the task from it.
         repos: dict[str, tuple[Task, Repo]] = {}
         seen: set[str] = set()
-        for split, size in (("val", self.config.val_size), ("train", self.config.train_size)):
+        sizes = (("val", self.config.val_size), ("test", self.config.test_size), ("train", self.config.train_size))
+        for split, size in sizes:
             rng = random.Random(f"swe:{self.config.seed}:{split}")
             drawn = attempts = 0
             while drawn < size:
@@ -91,7 +102,8 @@ class SweDomain:
                 if attempts > 50 * size + 1000:
                     raise ValueError(
                         f"swe domain: cannot draw {size} {split} repositories with distinct issues (each bug "
-                        "kind gets a third, and op_named has about 1,440); keep train_size + val_size under 4,300"
+                        "kind gets a third, and op_named has about 1,440); keep train_size + val_size + test_size"
+                        " under 4,300"
                     )
                 repo = generate_repo(KINDS[drawn % len(KINDS)], rng)
                 prompt = f"{repo.issue}\nfiles: {' '.join([*CODE_FILES, TEST_FILE])}{PROMPT_MARKER}"
@@ -109,7 +121,7 @@ class SweDomain:
 
     def tasks(self, split: str) -> Sequence[Task]:
         if split not in self._splits:
-            raise KeyError(f"unknown split {split!r}; the swe domain has 'train' and 'val'")
+            raise KeyError(f"unknown split {split!r}; the swe domain has {', '.join(SPLITS)}")
         return self._splits[split]
 
     def task_for_prompt(self, prompt: str) -> Task:

@@ -234,7 +234,9 @@ class RolloutsScreen(Screen[None]):
                 yield Input(placeholder="text in prompt or completion", id="f-search", compact=True)
             with Horizontal(classes="filter-row"):
                 yield Label("split", classes="filter-label")
-                yield self._select("f-split", [("any", _ANY), ("train", "train"), ("val", "val"), ("clean", "clean")])
+                yield self._select(
+                    "f-split", [("any", _ANY), ("train", "train"), ("val", "val"), ("clean", "clean"), ("test", "test")]
+                )
                 yield Label("group", classes="filter-label")
                 yield self._select("f-group", [("any", _ANY), ("dead", "dead"), ("live", "live")])
                 yield Label("truncated", classes="filter-label")

@@ -1,0 +1,94 @@
+"""Three splits: train trains, val decides, test is held out from everything that decides."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from engine.coach.gates import auto_approve
+from engine.coach.interventions import edit_toml
+from engine.coach.loop import Coach
+from engine.config import CodeDomainConfig, MathDomainConfig, SweDomainConfig
+from engine.core import Engine
+from engine.domains import make_domain
+from engine.workspace import Workspace, init_workspace
+from tests.conftest import tiny_toml
+
+POISONED = Path(__file__).with_name("poisoned_domain.py")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        MathDomainConfig(train_size=500, val_size=100, test_size=100),
+        CodeDomainConfig(train_size=300, val_size=100, test_size=100),
+        SweDomainConfig(train_size=200, val_size=50, test_size=50),
+    ],
+    ids=["math", "code", "swe"],
+)
+def test_the_three_splits_share_no_prompt_and_test_leaves_val_as_it_was(config) -> None:  # type: ignore[no-untyped-def]
+    domain = make_domain(config)
+    splits = {s: domain.tasks(s) for s in ("train", "val", "test")}
+    assert {s: len(t) for s, t in splits.items()} == {
+        "train": config.train_size,
+        "val": 100 if config.name != "swe" else 50,
+        "test": config.test_size,
+    }
+    prompts = [t.prompt for tasks in splits.values() for t in tasks]
+    assert len(set(prompts)) == len(prompts)
+    without = make_domain(config.model_copy(update={"test_size": 0}))
+    assert [t.prompt for t in without.tasks("val")] == [t.prompt for t in splits["val"]]
+    assert without.tasks("test") == []
+
+
+def poisonable_workspace(dest: Path, sample_toml: str, poison: bool) -> Workspace:
+    ws = init_workspace(dest)
+    (ws.root / "domains").mkdir(exist_ok=True)
+    shutil.copy(POISONED, ws.root / "domains" / "poisoned.py")
+    text = edit_toml(tiny_toml(sample_toml, val_size=60, sampled_seeds=2, grpo_steps=4), {"domain": None})
+    options = {"train_size": 200, "val_size": 60, "test_size": 60, "poison": poison}
+    text = edit_toml(text, {"domain.name": "custom", "domain.module": "poisoned", "domain.options": options})
+    ws.config_path.write_text(text, encoding="utf-8")
+    repo = git.Repo(ws.root)
+    repo.git.add(A=True)
+    repo.index.commit("a math domain whose test split may be poisoned")
+    return ws
+
+
+def decisions(ws: Workspace) -> list[tuple[object, ...]]:
+    with Engine(ws) as engine:
+        rows = engine.store.query(
+            """SELECT v.name, v.parent, v.state, v.verdict, v.val_greedy, v.val_sampled, v.decision_reason,
+                      i.change FROM versions v LEFT JOIN interventions i ON i.id = v.intervention_id ORDER BY v.name"""
+        )
+        rounds = engine.store.query("SELECT id, parent, proposals FROM rounds ORDER BY id")
+    # A branch's proposal without the child's workspace.toml (which names the poison switch).
+    proposals = [
+        (i, parent, [{k: v for k, v in b.items() if k != "text"} for b in json.loads(p)]) for i, parent, p in rounds
+    ]
+    return [*rows, *proposals]
+
+
+@pytest.mark.slow
+def test_a_poisoned_test_split_changes_no_decision(tmp_path: Path, sample_toml: str) -> None:
+    """Two workspaces that differ only in their test answers (shifted by seven in one) make the
+    same decisions with the same val scores; the poisoned one even holds test rollouts of v0
+    (scored against the wrong answers) while its coach decides."""
+    outcomes = {}
+    for poison in (False, True):
+        ws = poisonable_workspace(tmp_path / f"poison-{poison}", sample_toml, poison)
+        with Engine(ws) as engine:
+            engine.ensure_base()
+            _, scores = engine.evaluate("v0", "test")
+            assert scores.n_tasks == 60
+            if poison:
+                assert scores.greedy == 0.0  # no answer is right against shifted answers
+            Coach(engine, answer=auto_approve).run(2)
+            assert engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'test'")[0][0] > 0
+        outcomes[poison] = decisions(ws)
+    assert outcomes[True] == outcomes[False]
+    assert len([r for r in outcomes[False] if r[0] in ("v1", "v2")]) == 2
