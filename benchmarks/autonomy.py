@@ -25,8 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 EVOTUI = [str(Path(sys.executable).parent / "evotui")]
 SECTIONS = ("main", "leak", "efficiency", "backtest", "transfer", "compute")
-#: Rules that stand against a promotion: a leak and the collapse an efficiency reward brings.
-BLOCKING = {"leak", "shortcut_collapse", "exploration_collapse", "laziness", "reward_hacking"}
 
 
 def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
@@ -54,9 +52,9 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
         if r["arm"] != "full":
             continue
         for v in r["versions"]:
-            blocking = BLOCKING.intersection(v["rules"])
-            if v["decision"] == "promoted" and blocking and v["parent"] is not None:
-                problems.append(f"seed {r['seed']}: the full loop promoted {v['name']} despite {sorted(blocking)}")
+            # The same rule the coach decides by (engine.harness.rules.BLOCKING_RULES, critical).
+            if v["decision"] == "promoted" and v["blocking"] and v["parent"] is not None:
+                problems.append(f"seed {r['seed']}: the full loop promoted {v['name']} despite {v['blocking']}")
     limit = 600 if quick else 3600
     if seconds > limit:
         problems.append(f"took {seconds:.0f} s, over the {limit} s budget")

@@ -330,6 +330,12 @@ class DataConfig(_Section):
 class EvalConfig(_Section):
     sampled_seeds: int = Field(2, ge=1, description="Sampled passes over val (greedy is always one pass).")
     temperature: Temperature = Field(1.0, description="Sampling temperature of the sampled passes.")
+    primary: Literal["sampled", "greedy"] = Field(
+        "sampled",
+        description="The pre-declared comparison a verdict decides on (per task, the mean over the sampled "
+        "passes; or the greedy pass). The other is reported, and only blocks: a significant move the other way "
+        "makes the verdict mixed.",
+    )
 
 
 class BudgetConfig(_Section):

@@ -247,7 +247,8 @@ class Engine:
             # The child changed the environment (e.g. closed a leak): val as each saw it is not
             # common ground, the clean replay is (a run without one was clean already).
             splits = (clean_split(self.store, parent_run.id), clean_split(self.store, child_run.id))
-        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits)
+        primary = self.version_config(version).eval.primary
+        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits, primary)
         self.store.update_version(version, verdict=verdict.label)
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict

@@ -1,7 +1,10 @@
 """Judging a version against its parent on the held-out split, with a noise floor.
 
 Per-task correctness of both versions on the same val tasks is compared with a paired
-bootstrap (seeded); a difference counts only when its 95% interval excludes zero. A task is the
+bootstrap (seeded); a difference counts only when its 95% interval excludes zero. One comparison
+is pre-declared as primary (`[eval] primary`: the sampled passes' per-task mean by default) and
+decides; the other is reported and can only block (a significant move the other way makes the
+verdict mixed), so a promotion rests on one test at 95%, not on whichever of two came out. A task is the
 same task only when its id and its prompt are: versions whose data or environment differ are
 compared on what they share, never on tasks that merely carry the same id.
 """
@@ -47,21 +50,28 @@ class Verdict:
     #: The split compared: "val", or "clean" when the two versions' environments differ and only
     #: the clean one is common ground.
     split: str = "val"
+    #: The pre-declared decoding that decides.
+    primary: str = "sampled"
+
+    @property
+    def primary_delta(self) -> Delta | None:
+        return next((d for d in self.deltas if d.decoding == self.primary), None)
 
     @property
     def label(self) -> str:
-        signs = {d.sign for d in self.deltas}
-        if 1 in signs and -1 in signs:
+        main = self.primary_delta
+        if main is None or main.sign == 0:
+            return "insufficient evidence"
+        if any(d.sign == -main.sign for d in self.deltas):
             return "mixed"
-        if 1 in signs:
-            return "improved"
-        if -1 in signs:
-            return "regressed"
-        return "insufficient evidence"
+        return "improved" if main.sign > 0 else "regressed"
 
     def summary(self) -> str:
+        ordered = sorted(self.deltas, key=lambda d: d.decoding != self.primary)
         parts = [
-            f"{d.decoding} {d.parent:.3f}->{d.child:.3f} ({d.diff:+.3f} ±{d.noise_floor:.3f})" for d in self.deltas
+            f"{d.decoding}{' (primary)' if d.decoding == self.primary else ''} {d.parent:.3f}->{d.child:.3f} "
+            f"({d.diff:+.3f} ±{d.noise_floor:.3f})"
+            for d in ordered
         ]
         where = "val tasks" if self.split == "val" else f"val tasks, {self.split} environment"
         if not self.deltas:
@@ -142,7 +152,13 @@ def paired_bootstrap(parent: np.ndarray, child: np.ndarray, seed: int = 0) -> tu
 
 
 def compare_runs(
-    store: Store, parent: str, parent_run: str, child: str, child_run: str, splits: tuple[str, str] = ("val", "val")
+    store: Store,
+    parent: str,
+    parent_run: str,
+    child: str,
+    child_run: str,
+    splits: tuple[str, str] = ("val", "val"),
+    primary: str = "sampled",
 ) -> Verdict:
     """The child's run against the parent's on the tasks both evaluated (`splits`: which split of
     each run, e.g. the parent's clean replay against a child whose val is clean)."""
@@ -160,4 +176,4 @@ def compare_runs(
         low, high = paired_bootstrap(pa, pb)
         deltas.append(Delta(decoding, float(pa.mean()), float(pb.mean()), low, high))
     split = splits[1] if splits[0] == splits[1] else "clean"
-    return Verdict(parent, child, n_tasks, tuple(deltas), split)
+    return Verdict(parent, child, n_tasks, tuple(deltas), split, primary)

@@ -36,6 +36,7 @@ from engine.core import Engine, VersionPlan
 from engine.harness.base import Finding, RuleResult, Severity
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import load_harness
+from engine.harness.rules import BLOCKING_RULES
 from engine.runs.group_filter import GroupFilter
 from engine.store import Store
 from engine.verdict import Delta, Verdict, compare_runs, paired_bootstrap
@@ -180,9 +181,30 @@ def test_gate_state_machine(tmp_path: Path) -> None:
 
 
 # -- honest decisions ------------------------------------------------------------------------------
-def verdict_from(parent: np.ndarray, child: np.ndarray) -> Verdict:
+def verdict_from(parent: np.ndarray, child: np.ndarray, decoding: str = "sampled") -> Verdict:
     low, high = paired_bootstrap(parent, child)
-    return Verdict("v0", "v1", len(parent), (Delta("greedy", parent.mean(), child.mean(), low, high),))
+    return Verdict("v0", "v1", len(parent), (Delta(decoding, parent.mean(), child.mean(), low, high),))
+
+
+def test_the_primary_comparison_decides_and_the_other_only_blocks() -> None:
+    """Two decodings are two tests: only the pre-declared one can make a version improved."""
+    up, flat, down = (
+        Delta("x", 0.4, 0.5, 0.05, 0.15),
+        Delta("x", 0.4, 0.41, -0.02, 0.04),
+        Delta("x", 0.4, 0.3, -0.15, -0.05),
+    )
+
+    def verdict(sampled: Delta, greedy: Delta, primary: str = "sampled") -> str:
+        deltas = (replace(sampled, decoding="sampled"), replace(greedy, decoding="greedy"))
+        return Verdict("v0", "v1", 200, deltas, primary=primary).label
+
+    assert verdict(up, flat) == "improved"
+    assert verdict(flat, up) == "insufficient evidence"  # greedy alone rose: not the pre-declared test
+    assert verdict(flat, up, primary="greedy") == "improved"
+    assert verdict(up, down) == "mixed" and verdict(down, up) == "mixed"
+    assert verdict(down, flat) == "regressed"
+    summary = Verdict("v0", "v1", 200, (replace(flat, decoding="greedy"), replace(up, decoding="sampled"))).summary()
+    assert summary.startswith("improved: sampled (primary) 0.400->0.500 (+0.100 ±0.050); greedy")
 
 
 def test_decisions_follow_the_noise_floor_and_critical_findings() -> None:
@@ -202,8 +224,14 @@ def test_decisions_follow_the_noise_floor_and_critical_findings() -> None:
     leak = diagnosis_of([rule("leak", "critical"), rule("truncation", "warning")])
     decision, reason = proposed_decision(verdict_from(parent, big_gain), leak)
     assert decision == "rejected" and "rule leak is critical" in reason
-    # A warning alone does not block a real gain.
+    # A warning alone does not block a real gain, nor does a critical bottleneck: truncation says
+    # what to change next, not that the gain is false (the SWE sample's gains were lost this way).
     assert proposed_decision(verdict_from(parent, big_gain), diagnosis_of([rule("truncation")]))[0] == "promoted"
+    bottleneck = diagnosis_of([rule("truncation", "critical"), rule("insufficient_signal", "critical")])
+    assert proposed_decision(verdict_from(parent, big_gain), bottleneck)[0] == "promoted"
+    for suspect in sorted(BLOCKING_RULES):
+        decision, _ = proposed_decision(verdict_from(parent, big_gain), diagnosis_of([rule(suspect, "critical")]))
+        assert decision == "rejected", suspect
 
 
 # -- memory ---------------------------------------------------------------------------------------
@@ -446,7 +474,7 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
 
     (card,) = coach.skills.load()
     assert card.trigger == ["insufficient_signal"] and card.intervention["template"] == "continuous_correctness"
-    assert card.validation[0]["delta_greedy"] == pytest.approx(after.mean() - before.mean())
+    assert card.validation[0]["delta_sampled"] == pytest.approx(after.mean() - before.mean())
     assert engine.store.get_version("v1").state == "promoted"
     (case,) = Memory(engine.store).cases("insufficient_signal", "math")
     assert case["decision"] == "promoted"

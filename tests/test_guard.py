@@ -109,6 +109,6 @@ def test_a_stopped_run_is_diagnosed_and_rejected_whatever_it_scores(store: Store
     # Even a gain beyond the noise floor does not save it.
     parent = np.zeros(100)
     child = np.r_[np.ones(60), np.zeros(40)]
-    gain = Verdict("v0", "v1", 100, (Delta("greedy", parent.mean(), child.mean(), 0.5, 0.7),))
+    gain = Verdict("v0", "v1", 100, (Delta("sampled", parent.mean(), child.mean(), 0.5, 0.7),))
     decision, why = proposed_decision(gain, d)
     assert decision == "rejected" and why.startswith("stopped early: the collapse guard stopped the run at step 3")

@@ -34,6 +34,7 @@ from engine.coach.interventions import config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
+from engine.harness.rules import is_blocking
 from engine.store import Store
 from engine.verdict import clean_split, split_scores
 from engine.versions import ACTOR
@@ -93,6 +94,8 @@ class VersionRow:
     train_reward: float | None  # mean train reward over the run's last quarter
     train_correct: float | None
     rules: list[str]
+    #: The rules among them that stand against a promotion (`BLOCKING_RULES`, critical).
+    blocking: list[str] = field(default_factory=list)
     cpu_seconds: float | None = None  # of the coach call that trained it (its run, evaluation and diagnosis)
 
 
@@ -210,12 +213,27 @@ def version_rows(engine: Engine) -> list[VersionRow]:
         diagnosis = engine.store.query_one(
             "SELECT rules FROM diagnoses WHERE version = ? ORDER BY created_at DESC LIMIT 1", [name]
         )
-        rules = [r["rule"] for r in json.loads(diagnosis[0])] if diagnosis else []
+        fired = json.loads(diagnosis[0]) if diagnosis else []
+        rules = [r["rule"] for r in fired]
+        blocking = [r["rule"] for r in fired if is_blocking(r["rule"], r["severity"])]
         changes = json.loads(change) if isinstance(change, str) else (change or {})
         text = ", ".join(f"{k} {v.get('from')!r} -> {v.get('to')!r}" for k, v in changes.items()) or "(base)"
         out.append(
             VersionRow(
-                name, parent, text, template, steps, state, reason, seen, clean[0], clean[1], reward, correct, rules
+                name,
+                parent,
+                text,
+                template,
+                steps,
+                state,
+                reason,
+                seen,
+                clean[0],
+                clean[1],
+                reward,
+                correct,
+                rules,
+                blocking=blocking,
             )
         )
     return out

@@ -428,8 +428,9 @@ def proposed_decision(
     verdict: Verdict, diagnosis: Diagnosis | None, investigation: Investigation | None = None
 ) -> tuple[str, str]:
     """Promote only a gain that clears the noise floor (the paired bootstrap's 95% interval above 0)
-    with no critical rule standing against it; a higher score with a critical rule (a leak, a
-    collapse, a form shift) is rejected with that reason and kept as negative evidence, and so is
+    with no blocking rule standing against it; a higher score with one (a leak, a collapse, a form
+    shift: `BLOCKING_RULES`, critical) is rejected with that reason and kept as negative evidence,
+    while a bottleneck rule (truncation, say) does not block a measured gain. So is
     one whose investigation found a shift no rule measured; an unexplained gain the investigation
     found nothing against is promoted, saying so. A run the collapse guard stopped early is rejected
     whatever it scores. Regressions are rejected; mixed or insufficient evidence is pruned."""
@@ -437,8 +438,8 @@ def proposed_decision(
     if stopped is not None:
         return "rejected", f"stopped early: {stopped.explanation}"
     if verdict.label == "improved":
-        if diagnosis and diagnosis.critical:
-            r = diagnosis.critical[0]
+        if diagnosis and diagnosis.blocking:
+            r = diagnosis.blocking[0]
             return "rejected", f"scores higher but rule {r.rule} is critical: {r.explanation}"
         if investigation is not None and investigation.found:
             return "rejected", f"scores higher, but {investigation.summary()}"

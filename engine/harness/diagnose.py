@@ -10,6 +10,7 @@ from typing import Any
 from engine.config import WorkspaceConfig
 from engine.harness.base import SEVERITY_RANK, Context, Finding, Findings, RuleResult
 from engine.harness.loader import Harness, broken, load_harness
+from engine.harness.rules import is_blocking
 from engine.store import RunRecord, Store, VersionRecord
 
 
@@ -34,6 +35,11 @@ class Diagnosis:
     @property
     def critical(self) -> list[RuleResult]:
         return [r for r in self.fired if r.severity == "critical"]
+
+    @property
+    def blocking(self) -> list[RuleResult]:
+        """The rules that stand against a promotion (`engine.harness.rules.BLOCKING_RULES`)."""
+        return [r for r in self.fired if is_blocking(r.rule, r.severity)]
 
     def fired_rule(self, name: str) -> RuleResult | None:
         return next((r for r in self.fired if r.rule == name), None)

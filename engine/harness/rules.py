@@ -7,6 +7,16 @@ from engine.grpo import MIN_KEEP_RATIO
 from engine.harness.analyzers.signal import DEAD_GROUPS_CRITICAL, DEAD_GROUPS_WARNING
 from engine.harness.base import Context, Findings, RuleResult, rule
 
+#: Rules that, firing critical, stand against a promotion: the gain may come from the wrong thing
+#: (a leak, a form the verifier mistakes for skill, a shaped reward) or the policy collapsed. The
+#: other rules name bottlenecks (truncation, too little signal, ...): what to change next, not a
+#: reason to distrust a measured gain. The coach's decision and the benchmark's check read this.
+BLOCKING_RULES = frozenset({"leak", "stopped_early", "form_shift", "reward_hacking", "exploration_collapse"})
+
+
+def is_blocking(rule: str, severity: str) -> bool:
+    return rule in BLOCKING_RULES and severity == "critical"
+
 
 @rule(
     "leak",
