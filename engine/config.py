@@ -215,6 +215,13 @@ class WarmupConfig(_Section):
     batch_size: int = Field(128, ge=1)
     learning_rate: float = Field(3e-3, gt=0, le=1)
     seed: int = 0
+    baseline_steps: int = Field(
+        4,
+        ge=0,
+        le=64,
+        description="Batches of the recipe's shape sampled from v0 on train prompts, without training, stored as "
+        "its train rollouts: GRPO-time evidence (dead groups, truncation, behavior) for round 1's diagnosis.",
+    )
 
 
 class PolicyConfig(_Section):

@@ -249,7 +249,13 @@ class Engine:
             splits = (clean_split(self.store, parent_run.id), clean_split(self.store, child_run.id))
         primary = self.version_config(version).eval.primary
         verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits, primary)
-        self.store.update_version(version, verdict=verdict.label)
+        main = verdict.primary_delta
+        self.store.update_version(
+            version,
+            verdict=verdict.label,
+            verdict_delta=main.diff if main else None,
+            verdict_floor=main.noise_floor if main else None,
+        )
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict
 

@@ -169,10 +169,11 @@ def _versions_table(versions: list[dict[str, Any]], names: list[str]) -> Table:
     table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
     for col in ("version", "parent", "state", "verdict"):
         table.add_column(col, no_wrap=True)
-    for col in ("greedy", "sampled"):
+    for col in ("greedy", "sampled", "Δ ± floor"):
         table.add_column(col, justify="right", no_wrap=True)
     for v in versions:
         if v["name"] in names:
+            delta = "—" if v["verdict_delta"] is None else f"{v['verdict_delta']:+.3f} ±{v['verdict_floor']:.3f}"
             table.add_row(
                 v["name"],
                 v["parent"] or "—",
@@ -180,7 +181,9 @@ def _versions_table(versions: list[dict[str, Any]], names: list[str]) -> Table:
                 v["verdict"] or "—",
                 _fmt(v["val_greedy"]),
                 _fmt(v["val_sampled"]),
+                delta,
             )
+    table.caption = "Δ ± floor: the verdict's primary comparison with its parent, and its 95% half-width"
     return table
 
 

@@ -14,6 +14,8 @@ from engine.domains.math import MathDomain
 
 
 class PoisonedMath(MathDomain):
+    splits = ("train", "val", "test")
+
     def __init__(self, config: MathDomainConfig, poison: bool) -> None:
         super().__init__(config)
         self.poison = poison

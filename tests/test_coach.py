@@ -740,3 +740,27 @@ def test_tasks_pair_by_id_and_prompt(engine: Engine) -> None:
     nothing = compare_runs(engine.store, "v0", "v0-eval-1", "v2", "v2-eval-1")
     assert nothing.label == "insufficient evidence" and nothing.n_tasks == 0
     assert nothing.summary() == "insufficient evidence: no val tasks in common"
+
+
+def test_round_one_reads_v0s_baseline_groups_so_the_full_loop_answers_its_rules(tiny_workspace: Workspace) -> None:
+    """v0 has no GRPO run, but its warm-up samples groups of the recipe's shape from it: every
+    layer diagnoses them, so the full loop's first proposals answer what fired, while the
+    score-only ablation, which sees no rule, falls back to the general templates."""
+    with Engine.open(tiny_workspace.root) as engine:
+        engine.ensure_base()
+        config = engine.version_config("v0")
+        shape = config.policy.warmup.baseline_steps * config.recipe.prompts_per_step * config.recipe.num_generations
+        assert engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'train'") == [(shape,)]
+        coaches = {mode: Coach(engine, answer=auto_approve, harness=mode) for mode in ("full", "score-only")}
+        diagnoses = {mode: c._parent_diagnosis("v0") for mode, c in coaches.items()}
+        assert diagnoses["full"] is not None and diagnoses["full"].rule_names
+        assert diagnoses["score-only"] is not None and not diagnoses["score-only"].rule_names
+        rnd = coaches["full"].rounds.open("v0", "offline", "full", False)
+        proposed = {
+            mode: [iv.template for iv in c.planner.propose(rnd, diagnoses[mode], 2).interventions]
+            for mode, c in coaches.items()
+        }
+        assert proposed["full"] != proposed["score-only"]
+        general = [t.name for t in TEMPLATES.values() if "" in t.triggers]
+        assert set(proposed["score-only"]) <= set(general)
+        assert not set(proposed["full"]) <= set(general)

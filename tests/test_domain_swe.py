@@ -39,8 +39,9 @@ def test_generation_is_seeded_graded_and_val_held_out() -> None:
     assert SweDomain(SweDomainConfig(train_size=300, val_size=30)).tasks("val") == val
     task = val[0]
     assert task.prompt.startswith("issue: ") and task.prompt.endswith("\nfiles: calc.py util.py test_calc.py\n>")
+    assert a.tasks("test") == []  # no test_size: no test split
     with pytest.raises(KeyError, match="split"):
-        a.tasks("test")
+        a.tasks("holdout")
     with pytest.raises(ValueError, match="not generated"):
         other.environment(train[0])
 

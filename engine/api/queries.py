@@ -45,6 +45,7 @@ def versions(store: Store) -> list[dict[str, Any]]:
         store,
         """
         SELECT v.name, v.parent, v.state, v.verdict, v.val_greedy, v.val_sampled, v.val_n, v.decision_reason,
+               v.verdict_delta, v.verdict_floor,
                v.checkpoint, v.created_at::VARCHAR AS created_at, i.kind, i.factor, i.template, i.hypothesis,
                i.change::VARCHAR AS change, i.round
         FROM versions v LEFT JOIN interventions i ON i.id = v.intervention_id

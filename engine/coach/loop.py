@@ -218,11 +218,14 @@ class Coach:
 
     # -- backtests ----------------------------------------------------------------------------------
     def _backtest(self, rnd: Round, diagnosis: Diagnosis | None) -> None:
-        """Price reward and filter branches on the GRPO run the round reasons from (after failed
-        branches, the latest child's run from this parent), else the parent's own; a branch the
-        backtest contradicts is dropped."""
+        """Price reward and filter branches on the train rollouts the round reasons from (after
+        failed branches, the latest child's GRPO run from this parent; for v0, its baseline groups),
+        else the parent's own GRPO run; a branch the backtest contradicts is dropped."""
         run = self.store.get_run(diagnosis.run_id) if diagnosis else None
-        if run is None or run.kind != "train":
+        trained = run and self.store.query_one(
+            "SELECT count(*) FROM rollouts WHERE run_id = ? AND split = 'train'", [run.id]
+        )
+        if not trained or not trained[0]:
             run = self.engine.train_run(rnd.parent)
         ran = []
         for b in rnd.branches:

@@ -8,12 +8,14 @@ which the harness's leak check reads. Test is held out from everything that deci
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from engine.config import RecipeConfig
 from engine.domains import Domain, Task, score
 from engine.domains.base import AgenticDomain, is_agentic
 from engine.runs.artifacts import RolloutBatch
@@ -125,19 +127,78 @@ def evaluate(
         torch.manual_seed(seed * 1000 + k)
         passes.append((sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature)))
     for batch, sample_idx, outputs in passes:
-        for i, (task, (text, truncated, length)) in enumerate(zip(tasks, outputs, strict=True)):
-            total, components = score(domain, task, text, weights)
-            batch.group_id.append(i)
-            batch.sample_idx.append(sample_idx)
-            batch.task_id.append(task.task_id)
-            batch.subset.append(task.subset)
-            batch.prompt.append(task.prompt)
-            batch.completion.append(text)
-            batch.reward.append(total)
-            batch.reward_components.append(components)
-            batch.truncated.append(truncated)
-            batch.completion_length.append(length)
+        for i, (task, output) in enumerate(zip(tasks, outputs, strict=True)):
+            add_completion(batch, domain, weights, task, output, i, sample_idx)
     return EvalResult(greedy, sampled)
+
+
+def add_completion(
+    batch: RolloutBatch,
+    domain: Domain,
+    weights: dict[str, float],
+    task: Task,
+    output: tuple[str, bool, int],
+    group_id: int,
+    sample_idx: int,
+) -> None:
+    """One scored single-turn completion (text, truncated, length) as a row of `batch`."""
+    text, truncated, length = output
+    total, components = score(domain, task, text, weights)
+    batch.group_id.append(group_id)
+    batch.sample_idx.append(sample_idx)
+    batch.task_id.append(task.task_id)
+    batch.subset.append(task.subset)
+    batch.prompt.append(task.prompt)
+    batch.completion.append(text)
+    batch.reward.append(total)
+    batch.reward_components.append(components)
+    batch.truncated.append(truncated)
+    batch.completion_length.append(length)
+
+
+def sample_groups(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    domain: Domain,
+    recipe: RecipeConfig,
+    steps: int,
+    run_id: str,
+) -> list[RolloutBatch]:
+    """What GRPO would see from this policy before it trains: `steps` batches of the recipe's
+    shape (`prompts_per_step` train prompts, `num_generations` samples each, at its temperature
+    and completion budget), stored as train rollouts so that every layer of the harness can
+    diagnose a policy that has no GRPO run yet (v0: round 1 reads rollouts, not only a score)."""
+    rng = random.Random(f"groups:{run_id}")
+    train = list(domain.tasks("train"))
+    torch.manual_seed(recipe.seed)
+    out = []
+    for step in range(1, steps + 1):
+        tasks = rng.sample(train, min(recipe.prompts_per_step, len(train)))
+        repeated = [t for t in tasks for _ in range(recipe.num_generations)]
+        batch = RolloutBatch(run_id=run_id, step=step, split="train", decoding="sampled")
+        group_of = [g for g in range(len(tasks)) for _ in range(recipe.num_generations)]
+        sample_of = [j for _ in tasks for j in range(recipe.num_generations)]
+        if is_agentic(domain):
+            rollouts = play(
+                model,
+                tokenizer,
+                domain,
+                repeated,
+                max_tokens=recipe.max_completion_length,
+                do_sample=True,
+                temperature=recipe.temperature,
+            )
+            for rollout, g, j in zip(rollouts, group_of, sample_of, strict=True):
+                total, components = score_episode(domain, rollout.episode, recipe.rewards)
+                completion = tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
+                add_episode(batch, rollout, g, j, total, components, completion)
+        else:
+            prompts = [t.prompt for t in repeated]
+            outputs = generate(model, tokenizer, prompts, recipe.max_completion_length, True, recipe.temperature)
+            for task, output, g, j in zip(repeated, outputs, group_of, sample_of, strict=True):
+                add_completion(batch, domain, recipe.rewards, task, output, g, j)
+        out.append(batch)
+    return out
 
 
 def _evaluate_episodes(

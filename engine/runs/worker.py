@@ -23,7 +23,7 @@ from engine.config import DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
 from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
-from engine.runs.evaluate import evaluate
+from engine.runs.evaluate import evaluate, sample_groups
 from engine.runs.group_filter import GroupFilter
 from engine.runs.guard import CollapseGuard, step_stats
 from engine.runs.recorder import RolloutRecorder
@@ -82,6 +82,10 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
         final_step = 0
     assert spec.model_out is not None
     save_policy(model, tokenizer, spec.model_out)
+    # What GRPO would see from v0, so that round 1 diagnoses rollouts on every layer.
+    for batch in sample_groups(model, tokenizer, domain, cfg.recipe, cfg.policy.warmup.baseline_steps, spec.run_id):
+        file = write_rollouts(run_dir, f"train-{batch.step:06d}", batch)
+        events.write("rollouts", step=batch.step, split="train", file=file, rows=len(batch))
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, final_step)
 
 

@@ -264,6 +264,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE harness_proposals ADD COLUMN version VARCHAR;  -- the version whose anomaly it investigated
     ALTER TABLE harness_proposals ADD COLUMN probe JSON;       -- child vs parent on val: value, floor, counts
     """,
+    # 7: a verdict's primary comparison with its noise floor, beside the scores it compares.
+    """
+    ALTER TABLE versions ADD COLUMN verdict_delta DOUBLE;      -- child - parent on the primary comparison
+    ALTER TABLE versions ADD COLUMN verdict_floor DOUBLE;      -- its 95% half-width
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -36,6 +36,9 @@ class VersionRecord:
     decision_reason: str | None
     created_at: datetime
     decided_at: datetime | None
+    #: The verdict's primary comparison: child - parent, and its 95% half-width (the noise floor).
+    verdict_delta: float | None = None
+    verdict_floor: float | None = None
 
 
 @dataclass(frozen=True)
