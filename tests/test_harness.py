@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import statistics
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -134,16 +135,20 @@ def test_shortcut_collapse_needs_shrinking_alike_completions_without_gain(store:
     assert "shortcut_collapse" not in fired(gained)
 
 
-def evaluations(store: Store, passes: dict[str, list[list[tuple[str, float]]]], scores: dict[str, float]) -> Diagnosis:
+def evaluations(store: Store, passes: dict[str, list[list[tuple[Any, ...]]]], scores: dict[str, float]) -> Diagnosis:
     """v1 (trained from v0) and v0, each with a val evaluation of sampled passes (a pass: one
-    (completion, correctness) per task), and their val scores; v1's train run diagnosed."""
+    (completion, correctness[, format]) per task), and their val scores; v1's train run diagnosed."""
+
+    def groups(rows: list[tuple[Any, ...]]) -> list[list[Rollout]]:
+        return [[R(reward=r[1], completion=r[0], format=r[2] if len(r) > 2 else None)] for r in rows]
+
     child = RunBuilder(store).step(1, [[R(reward=0.0), R(reward=1.0)]])
     for k, rows in enumerate(passes["v1"], start=1):
-        child.step(1, [[R(reward=c, completion=t)] for t, c in rows], split="val", first_sample=k)
+        child.step(1, groups(rows), split="val", first_sample=k)
     child.save(1)
     parent = RunBuilder(store, run_id="v0-warmup-1", version="v0")
     for k, rows in enumerate(passes["v0"], start=1):
-        parent.step(0, [[R(reward=c, completion=t)] for t, c in rows], split="val", first_sample=k)
+        parent.step(0, groups(rows), split="val", first_sample=k)
     parent.save(0)
     for run_id, ended in (("v0-warmup-1", "2026-01-01 00:00:00"), ("v1-train-1", "2026-01-02 00:00:00")):
         store.update_run(run_id, state="succeeded", ended_at=ended)
@@ -210,6 +215,26 @@ def test_answers_sprayed_until_one_matches_are_a_critical_form_shift(store: Stor
     assert found["correct_length"][1] == "warning" and found["novelty"][1] == "warning"
     (rule,) = [r for r in d.fired if r.rule == "form_shift"]
     assert rule.severity == "critical" and "version.shift.answer_spans" in rule.metrics
+
+
+def test_more_answers_in_the_form_the_parent_was_right_in_is_an_explained_shift(store: Store) -> None:
+    """A length budget that cut half of the parent's chains is lifted: twice as many answers are
+    complete, longer and well formed, as the parent's correct answers already were. That moves
+    every-answer features a lot, toward the parent's right answers: explained, no rule."""
+    tasks = sums(5)
+
+    def answer(good: str, cut: bool) -> tuple[str, float, float]:
+        chain = f"{int(good) - 30}+30={good};A:{good}"  # (completion, correct, format well formed)
+        return (chain[:6], 0.0, 0.0) if cut else (chain, 1.0, 1.0)
+
+    parent = [[answer(g, i % 2 == 0) for i, (g, _) in enumerate(tasks)]] * 2
+    child = [[answer(g, i % 10 == 0) for i, (g, _) in enumerate(tasks)]] * 2
+    d = evaluations(store, {"v0": parent, "v1": child}, {"v0": 0.5, "v1": 0.9})
+    found = {f.metric.removeprefix("version.shift."): f for f in d.findings if "shift." in f.metric}
+    # Large and beyond the floor, so it would count, but toward the parent's right answers (1.0).
+    assert found["format"].value == pytest.approx(0.9 - 0.5) and "explained" in found["format"].explanation
+    assert all(f.severity == "info" for f in found.values())
+    assert "form_shift" not in fired(d)
 
 
 def test_a_shortcut_on_val_without_a_gain_is_a_form_shift_warning(store: Store) -> None:

@@ -5,25 +5,27 @@ being learned instead of the task (answers sprayed until one matches, a format t
 accepts by mistake, a shortcut). These analyzers know nothing of the domain: they compare the
 policy's own text (the completion, or a multi-turn episode's actions) in the sampled val passes
 of the version's latest evaluation with its parent's, feature by feature, and count a shift only
-when it is both beyond the parent's own seed-to-seed spread (the same policy, sampled again) and
-large. The `form_shift` rule reads them.
+when it is beyond the parent's own seed-to-seed spread (the same policy, sampled again), large,
+and unexplained. A shift of every answer toward what the parent's *correct* answers already
+looked like is explained: more answers take the form that was right (a chain no longer cut by
+the length budget, a format check passed more often). A new form of the correct answers
+themselves is never explained. The `form_shift` rule reads them.
 
 Features (each a finding `version.shift.<feature>`):
-- ratios of means: `length` (characters, every completion), `length_p90` (the tail),
-  `correct_length` and `answer_spans` (numbers per completion; add-one smoothed) over the
-  completions judged correct;
-- shares: `distinct` (distinct completions), `format` (the domain's `format` component passes,
-  where it has one), `composition` (total variation distance of the character classes digit,
-  letter, space, other, over correct completions) and `novelty` (the share of the correct
-  completions' shape trigrams, digits and letters collapsed to one symbol, that the parent's
-  correct completions never used).
+- over every completion, each with the parent's correct completions as its reference: ratios of
+  means `length` (characters) and `length_p90` (the tail); shares `distinct` (distinct
+  completions) and `format` (the domain's `format` component passes, where it has one);
+- over the completions judged correct: ratios `correct_length` and `answer_spans` (numbers per
+  completion; add-one smoothed); shares `composition` (total variation distance of the
+  character classes digit, letter, space, other) and `novelty` (the share of the shape trigrams,
+  digits and letters collapsed to one symbol, that the parent's correct completions never used).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.harness.base import Context, Finding, analyzer
 
@@ -69,6 +71,12 @@ class Shift:
     floor: float | None  # in the value's own units: how far the parent moves from itself
     parent: float
     child: float
+    #: The parent's value over its correct answers: a child moving toward it is explained.
+    reference: float | None = None
+
+    @property
+    def explained(self) -> bool:
+        return self.reference is not None and abs(self.child - self.reference) < abs(self.parent - self.reference)
 
     @property
     def beyond_floor(self) -> bool:
@@ -86,7 +94,7 @@ class Shift:
 
     @property
     def counts(self) -> bool:
-        return self.beyond_floor and self.large
+        return self.beyond_floor and self.large and not self.explained
 
     def finding(self, parent_name: str) -> Finding:
         floor = "no floor: one sampled pass"
@@ -100,11 +108,14 @@ class Shift:
             if self.floor is not None:
                 floor = f"floor {self.floor:.2f}"
             threshold = LARGE_SHARE
+        toward = ""
+        if self.explained:
+            toward = f"; toward the parent's correct answers ({self.reference:.2f}): explained"
         return Finding(
             f"version.shift.{self.feature}",
             self.value,
             "warning" if self.counts else "info",
-            f"{what}; {floor}) vs {parent_name}",
+            f"{what}; {floor}) vs {parent_name}{toward}",
             threshold=threshold,
         )
 
@@ -166,11 +177,21 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
         return [float(r[i]) for r in rows if r[i] is not None]
 
     enough = sum(r[6] for r in child) >= MIN_CORRECT and sum(r[6] for r in theirs) >= MIN_CORRECT
+    # What the parent's right answers looked like: the reference of the every-answer features.
+    reference = ctx.q1(
+        f"""SELECT avg(n), avg(p90), avg(d), avg(f) FROM (
+                SELECT avg(length(text)) AS n, quantile_cont(length(text), 0.9) AS p90,
+                       count(DISTINCT text) / count(*) AS d,
+                       avg((format = 1)::INT) FILTER (WHERE format IS NOT NULL) AS f
+                FROM {texts} WHERE version = $parent AND correct GROUP BY pass)""",
+        {"parent": parent},
+    )
+    refs = reference if enough and reference else (None,) * 4
     candidates: list[Shift | None] = [
-        ratio_shift("length", column(child, 0), column(theirs, 0)),
-        ratio_shift("length_p90", column(child, 1), column(theirs, 1)),
-        share_shift("distinct", column(child, 4), column(theirs, 4)),
-        share_shift("format", column(child, 5), column(theirs, 5)),
+        _toward(ratio_shift("length", column(child, 0), column(theirs, 0)), refs[0]),
+        _toward(ratio_shift("length_p90", column(child, 1), column(theirs, 1)), refs[1]),
+        _toward(share_shift("distinct", column(child, 4), column(theirs, 4)), refs[2]),
+        _toward(share_shift("format", column(child, 5), column(theirs, 5)), refs[3]),
     ]
     if enough:
         candidates += [
@@ -180,6 +201,10 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
             _novelty(ctx, texts),
         ]
     return [s.finding(parent) for s in candidates if s is not None]
+
+
+def _toward(shift: Shift | None, reference: float | None) -> Shift | None:
+    return None if shift is None else replace(shift, reference=None if reference is None else float(reference))
 
 
 #: Character classes of the composition feature, as regular expressions of what to keep.
