@@ -1,14 +1,15 @@
-"""The autonomy benchmark: `evotui bench` on a workspace made from the SWE template.
+"""The autonomy benchmark: `evotui bench` on a workspace made from a template.
 
-    .venv/bin/python benchmarks/autonomy.py [--quick] [--workspace WS] [--check]
+    .venv/bin/python benchmarks/autonomy.py [--template sample|code|swe] [--quick] [--workspace WS] [--check]
 
-Without --workspace, a fresh workspace from the SWE template (its `[bench]` section: budget, seeds,
-leak rate, hand recipe, transfer template) in a temporary folder. Prints the main table, the
-findings and a plot per arm (the CLI's output), then the report's path.
+Without --workspace, a fresh workspace from the template (default swe; its `[bench]` section:
+budget, seeds, leak rate, hand recipe, transfer template) in a temporary folder. Prints the main
+table, the findings and a plot per arm (the CLI's output), then the report's path.
 
 --check exits non-zero unless the report has its table and every finding section, every arm has
-a clean score, the full loop promoted no version that fired `leak` or a collapse rule, and the
-run kept to its time budget (quick: 10 minutes, full: 60). CI runs `--quick --check`.
+a test score, the full loop promoted no version against which a blocking rule stood (the rule
+the coach decides by), and the run kept to its time budget (quick: 10 minutes, full: 60). CI runs
+`--quick --check`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EVOTUI = [str(Path(sys.executable).parent / "evotui")]
-SECTIONS = ("main", "leak", "efficiency", "backtest", "transfer", "compute")
+SECTIONS = ("main", "rl_pays", "hand", "leak", "efficiency", "backtest", "transfer", "compute")
 
 
 def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
@@ -32,7 +33,7 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
     problems = []
     report = (bench_dir / "report.md").read_text(encoding="utf-8")
     data = json.loads((bench_dir / "results.json").read_text(encoding="utf-8"))
-    if "| arm | clean greedy |" not in report:
+    if "| arm | test greedy |" not in report:
         problems.append("report.md has no main table")
     names = [f["name"] for f in data["findings"]]
     if names != list(SECTIONS):
@@ -47,8 +48,8 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
             if (seed, arm) not in arms:
                 problems.append(f"seed {seed}: no result for arm {arm}")
     for r in data["results"]:
-        if r["clean_greedy"] is None:
-            problems.append(f"seed {r['seed']}, {r['arm']}: no clean score")
+        if r["test_sampled"] is None:
+            problems.append(f"seed {r['seed']}, {r['arm']}: no test score")
         if r["arm"] != "full":
             continue
         for v in r["versions"]:
@@ -64,14 +65,15 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="The CI-sized run (one seed, a few steps per arm).")
-    parser.add_argument("--workspace", type=Path, help="An existing workspace (default: a fresh SWE one).")
+    parser.add_argument("--template", default="swe", help="The template of a fresh workspace: sample, code or swe.")
+    parser.add_argument("--workspace", type=Path, help="An existing workspace (default: a fresh one).")
     parser.add_argument("--check", action="store_true", help="Fail unless the report is complete and consistent.")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     ws = args.workspace
     if ws is None:
         ws = Path(tempfile.mkdtemp(prefix="evotui-autonomy-")) / "ws"
-        subprocess.run([*EVOTUI, "init", str(ws), "--from", "swe"], check=True, env=env, cwd=ROOT)
+        subprocess.run([*EVOTUI, "init", str(ws), "--from", args.template], check=True, env=env, cwd=ROOT)
     started = time.perf_counter()
     command = [*EVOTUI, "bench", str(ws)] + (["--quick"] if args.quick else [])
     done = subprocess.run(command, env=env, cwd=ROOT)
@@ -86,7 +88,7 @@ def main() -> int:
             print(f"check failed: {p}")
         if problems:
             return 1
-        print("check passed: table, every finding section, clean scores, no blocked promotion, time budget")
+        print("check passed: table, every finding section, test scores, no blocked promotion, time budget")
     return 0
 
 

@@ -382,6 +382,9 @@ class BenchConfig(_Section):
     version_steps: int = Field(20, ge=1, description="recipe.steps of the loops' versions (their budget is shared).")
     seeds: list[int] = Field([0, 1], min_length=1, description="recipe.seed of each repetition of the arms.")
     val_size: int | None = Field(None, ge=1, description="Val tasks of the benchmark's versions (unset: [domain]).")
+    test_size: int | None = Field(
+        None, ge=1, description="Test tasks the report scores every arm on (unset: [domain] test_size)."
+    )
     leak_rate: float = Field(
         0.0, ge=0, le=1, description="SWE: the arms start with the leak switch on for this share of tasks (0: off)."
     )
@@ -395,6 +398,7 @@ class BenchConfig(_Section):
     quick_version_steps: int = Field(4, ge=1, description="--quick: recipe.steps of the loops' versions.")
     quick_warmup_steps: int = Field(200, ge=1, description="--quick: warm-up steps of v0.")
     quick_val_size: int = Field(32, ge=1, description="--quick: val tasks.")
+    quick_test_size: int = Field(32, ge=1, description="--quick: test tasks.")
 
     @field_validator("hand_recipe")
     @classmethod

@@ -166,7 +166,9 @@ def _fmt(value: float | None, digits: int = 3) -> str:
 
 def _versions_table(versions: list[dict[str, Any]], names: list[str]) -> Table:
     """`versions` as `list_versions` gives them (locally or from the engine)."""
-    table = Table(title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(
+        title="Versions: correctness on the held-out split", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False
+    )
     for col in ("version", "parent", "state", "verdict"):
         table.add_column(col, no_wrap=True)
     for col in ("greedy", "sampled", "Δ ± floor"):
@@ -174,14 +176,9 @@ def _versions_table(versions: list[dict[str, Any]], names: list[str]) -> Table:
     for v in versions:
         if v["name"] in names:
             delta = "—" if v["verdict_delta"] is None else f"{v['verdict_delta']:+.3f} ±{v['verdict_floor']:.3f}"
+            verdict = (v["verdict"] or "—").replace("insufficient evidence", "insufficient")  # 80 columns
             table.add_row(
-                v["name"],
-                v["parent"] or "—",
-                v["state"],
-                v["verdict"] or "—",
-                _fmt(v["val_greedy"]),
-                _fmt(v["val_sampled"]),
-                delta,
+                v["name"], v["parent"] or "—", v["state"], verdict, _fmt(v["val_greedy"]), _fmt(v["val_sampled"]), delta
             )
     table.caption = "Δ ± floor: the verdict's primary comparison with its parent, and its 95% half-width"
     return table

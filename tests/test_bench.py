@@ -1,5 +1,5 @@
 """The autonomy benchmark's machinery on a tiny SWE workspace: the arms share v0, spend the same
-budget, are scored on the clean split, and the report and the store say what the arms did."""
+budget, are scored on the test split (clean), and the report and the store say what the arms did."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.bench.arms import ARMS, BenchError, BenchSettings, clean_scores, run_bench
+from engine.bench.arms import ARMS, BenchError, BenchSettings, run_bench
 from engine.bench.report import findings, main_table, store_results, write_report
 from engine.store import Store
 from engine.workspace import Workspace, init_workspace
@@ -21,11 +21,11 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_bench_arms_share_v0_and_budget_and_report_clean_scores(tmp_path: Path) -> None:
+def test_bench_arms_share_v0_and_budget_and_report_test_scores(tmp_path: Path) -> None:
     ws = init_workspace(tmp_path / "ws", "swe")
     ws.config_path.write_text(tiny_toml(ws.config_path.read_text(), train_size=60, val_size=8, warmup_steps=10))
     commit_workspace_toml(ws, "tiny settings for tests")
-    settings = BenchSettings(budget_steps=2, version_steps=1, seeds=(3,), val_size=6, leak_rate=0.5)
+    settings = BenchSettings(budget_steps=2, version_steps=1, seeds=(3,), val_size=6, test_size=5, leak_rate=0.5)
     lines: list[str] = []
     run = run_bench(ws.root, settings, say=lines.append)
     arms = {r.arm: r for r in run.results}
@@ -46,23 +46,20 @@ def test_bench_arms_share_v0_and_budget_and_report_clean_scores(tmp_path: Path) 
         assert versions and all(v.steps == settings.version_steps for v in versions)
     assert arms["base"].steps == 0 and arms["base"].final == "v0"
 
-    # The leak switch was on: the reported score is the clean split's, recomputed here.
+    # The reported score is the test split's (an eval run of its own per arm), recomputed here;
+    # no decision read it: the versions' val scores come from their own runs.
     for r in run.results:
         store = Store(Workspace(Path(r.workspace)).db_path)
         try:
             row = store.query_one(
-                "SELECT r.id FROM runs r WHERE r.version = ? AND EXISTS "
-                "(SELECT 1 FROM rollouts o WHERE o.run_id = r.id AND o.split = 'clean') ORDER BY r.ended_at DESC",
+                "SELECT o.run_id, avg(reward_components['correctness']) FILTER (WHERE decoding = 'greedy'),"
+                " count(DISTINCT task_id) FROM rollouts o JOIN runs x ON x.id = o.run_id"
+                " WHERE x.version = ? AND x.kind = 'eval' AND o.split = 'test' GROUP BY o.run_id",
                 [r.final],
             )
-            assert row is not None, f"{r.arm}: {r.final} has no clean evaluation"
-            greedy = store.query_one(
-                "SELECT avg(reward_components['correctness']) FROM rollouts "
-                "WHERE run_id = ? AND split = 'clean' AND decoding = 'greedy'",
-                [row[0]],
-            )
-            assert greedy is not None and r.clean_greedy == pytest.approx(greedy[0])
-            assert clean_scores(store, row[0])[3] == settings.val_size
+            assert row is not None, f"{r.arm}: {r.final} has no test evaluation"
+            assert r.test_greedy == pytest.approx(row[1]) and row[2] == settings.test_size
+            assert len(r.test_per_task) == settings.test_size
         finally:
             store.close()
 
@@ -72,7 +69,16 @@ def test_bench_arms_share_v0_and_budget_and_report_clean_scores(tmp_path: Path) 
     assert "| " + " | ".join(head) + " |" in text
     for f in findings(run, "swe"):
         assert f"## {f.title}" in text
-    assert {f.name for f in found} == {"main", "leak", "efficiency", "backtest", "transfer", "compute"}
+    assert [f.name for f in found] == [
+        "main",
+        "rl_pays",
+        "hand",
+        "leak",
+        "efficiency",
+        "backtest",
+        "transfer",
+        "compute",
+    ]
     assert all((run.root / f"{arm}.png").stat().st_size > 1000 for arm in ARMS)
     assert set(plots) == set(ARMS) and all("clean" in p for p in plots.values())
     with Store(ws.db_path) as store:

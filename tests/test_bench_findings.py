@@ -1,44 +1,70 @@
 """The benchmark's findings computed from arm results: each holds, fails or is not observed per
-seed from what the versions show, whatever the arms' own verdicts claimed."""
+seed from what the versions show (on test), whatever the arms' own verdicts claimed."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.bench.arms import ArmResult, VersionRow
-from engine.bench.report import compute_finding, leak_finding, main_finding, main_table
+from engine.bench.report import (
+    COMPUTE_SHARE,
+    compute_finding,
+    hand_finding,
+    leak_finding,
+    main_finding,
+    main_table,
+    rl_pays_finding,
+)
+
+TASKS = 400
 
 
-def version(name: str, parent: str | None, clean: float, decision: str = "promoted", **kw: object) -> VersionRow:
+def solved(rate: float, seed: int) -> dict[str, float]:
+    """Per test task, 1 when solved: `rate` of TASKS, drawn with a seed; a better arm solves a
+    superset of a worse one's tasks when drawn with the same seed (paired, as real arms are)."""
+    u = np.random.default_rng(seed).random(TASKS)
+    return {f"test-{i:05d}": float(u[i] < rate) for i in range(TASKS)}
+
+
+def version(name: str, parent: str | None, score: float, decision: str = "promoted", **kw: object) -> VersionRow:
     fields: dict[str, object] = {
         "change": "(base)" if parent is None else "recipe.learning_rate 5e-05 -> 0.0001",
         "template": None,
         "steps": 0 if parent is None else 20,
         "reason": "",
-        "seen_greedy": clean,
-        "clean_sampled": clean,
+        "seen_greedy": score,
+        "clean_greedy": score,
+        "clean_sampled": score,
         "train_reward": None,
         "train_correct": None,
         "rules": [],
         "cpu_seconds": None if parent is None else 100.0,
+        "test_sampled": score if decision == "promoted" else None,
     }
     fields.update(kw)
-    return VersionRow(name=name, parent=parent, decision=decision, clean_greedy=clean, **fields)  # type: ignore[arg-type]
+    return VersionRow(name=name, parent=parent, decision=decision, **fields)  # type: ignore[arg-type]
 
 
-def arm(name: str, seed: int, final: str, versions: list[VersionRow]) -> ArmResult:
+def arm(name: str, seed: int, final: str, versions: list[VersionRow], steps: int | None = None) -> ArmResult:
     by_name = {v.name: v for v in versions}
+    score = by_name[final].clean_greedy or 0.0
     return ArmResult(
         arm=name,
         seed=seed,
         workspace="-",
         final=final,
-        clean_greedy=by_name[final].clean_greedy,
-        clean_sampled=by_name[final].clean_sampled,
+        clean_greedy=score,
+        clean_sampled=score,
         clean_halfwidth=0.05,
         seen_greedy=by_name[final].seen_greedy,
-        steps=sum(v.steps for v in versions),
+        steps=sum(v.steps for v in versions) if steps is None else steps,
         cpu_seconds=sum(v.cpu_seconds or 0 for v in versions),
         wall_seconds=1.0,
         versions=versions,
+        test_greedy=score,
+        test_sampled=score,
+        test_halfwidth=0.04,
+        test_per_task=solved(score, seed),
     )
 
 
@@ -53,42 +79,55 @@ def results(full_promotes_leak: bool, seed: int = 0) -> list[ArmResult]:
         rules=["leak"],
         reason="rule leak is critical",
     )
-    closed = version("v2", "v0", 0.36, template="close_leak")
+    closed = version("v2", "v0", 0.50, template="close_leak")
     return [
         arm("base", seed, "v0", [v0]),
-        arm("hand", seed, "v1", [v0, version("v1", "v0", 0.34)]),
+        arm("hand", seed, "v1", [v0, version("v1", "v0", 0.40)], steps=60),
         arm("score-only", seed, "v1", [v0, version("v1", "v0", 0.27, seen_greedy=0.6, rules=["leak"])]),
         arm("full", seed, "v2", [v0, leaky, closed]),
     ]
 
 
-def test_the_leak_finding_holds_only_when_the_full_loop_kept_leak_versions_out() -> None:
+def test_the_leak_finding_holds_fails_or_is_not_observed() -> None:
+    """Holds: score-only promoted a leaker the full loop rejected. Fails: the full loop promoted one."""
     caught = leak_finding(results(full_promotes_leak=False, seed=0) + results(full_promotes_leak=True, seed=1))
     assert caught.holds == {0: True, 1: False}
-    assert caught.verdict() == "holds on 1 of 2 seeds"
+    assert caught.verdict() == "holds on 1 of 2 seeds, fails on 1"
     # What score-only did is reported, with the clean score against the one it saw.
     assert any("score-only: v1" in line and "val as seen 0.600, clean 0.270" in line for line in caught.lines)
     clean = [r for r in results(False) if r.arm != "full"] + [arm("full", 0, "v0", [version("v0", None, 0.3)])]
     assert leak_finding(clean).verdict() == "not observed"
 
 
-def test_main_and_compute_findings_follow_the_clean_scores() -> None:
+def test_the_main_finding_needs_the_full_loop_beyond_score_only_on_test() -> None:
     rs = results(full_promotes_leak=False)
-    main = main_finding(rs)
-    assert main.holds == {0: True}  # full 0.36 > hand 0.34 > base 0.30 > score-only 0.27
-    compute = compute_finding(rs)
-    # v1 (0.28, rejected) is below the hand recipe's 0.34; v2 (0.36, promoted) reaches it after
-    # both versions' steps. A version above it that the loop did not promote does not count.
-    assert compute.holds == {0: True} and "after 40 steps and 200 CPU s" in compute.lines[0]
-    worse = [r for r in rs if r.arm != "full"] + [
-        arm("full", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.31)])
+    main = main_finding(rs)  # full 0.50 against score-only 0.27 on the same 400 tasks: beyond the floor
+    assert main.holds == {0: True} and "vs score-only v1 0.270" in main.lines[0]
+    tied = [r for r in rs if r.arm != "full"] + [
+        arm("full", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.27)])
     ]
-    assert main_finding(worse).holds == {0: False} and compute_finding(worse).holds == {0: False}
+    assert main_finding(tied).holds == {0: False}  # equal on test: the interval holds 0
+    assert rl_pays_finding(rs).holds == {0: True}  # hand 0.40 against v0 0.30
+    assert hand_finding(rs).holds == {0: True} and hand_finding(tied).holds == {0: False}
+
+
+def test_compute_counts_every_step_until_a_promoted_version_reached_the_hand_recipe() -> None:
+    rs = results(full_promotes_leak=False)
+    # v1 (rejected, no test score) does not count; v2 (0.50 >= hand 0.40) does, after both versions'
+    # 40 steps: 40 / 60 of the hand recipe's steps, within COMPUTE_SHARE.
+    compute = compute_finding(rs)
+    assert 40 / 60 <= COMPUTE_SHARE and compute.holds == {0: True}
+    assert "after 40 steps (0.67x the hand recipe's 60)" in compute.lines[0]
+    slow = [r for r in rs if r.arm != "hand"] + [
+        arm("hand", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.4)], steps=50)
+    ]
+    assert compute_finding(slow).holds == {0: False}  # reached, but on 0.8x the steps: fails
 
 
 def test_the_main_table_has_one_row_per_arm_with_seed_spread() -> None:
     rows = main_table(results(False, seed=0) + results(False, seed=1))
+    assert rows[0][1] == "test greedy"
     assert [r[0] for r in rows[1:]] == ["base", "hand", "score-only", "full"]
     full = rows[-1]
-    assert full[1] == "0.360 ± 0.000" and full[4] == "2" and full[5] == "40"
+    assert full[1] == "0.500 ± 0.000" and full[2] == "0.500 ± 0.040" and full[4] == "2" and full[5] == "40"
     assert full[7] == "2 promoted, 2 rejected"

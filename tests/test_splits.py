@@ -92,3 +92,18 @@ def test_a_poisoned_test_split_changes_no_decision(tmp_path: Path, sample_toml: 
         outcomes[poison] = decisions(ws)
     assert outcomes[True] == outcomes[False]
     assert len([r for r in outcomes[False] if r[0] in ("v1", "v2")]) == 2
+
+
+def test_the_benchmark_refuses_a_workspace_without_a_test_split(tmp_path: Path) -> None:
+    from engine.bench.arms import BenchError, BenchSettings, run_bench
+
+    ws = init_workspace(tmp_path / "ws", "sample")
+    text = edit_toml(ws.config_path.read_text(encoding="utf-8"), {"domain.test_size": 0})
+    ws.config_path.write_text(text, encoding="utf-8")
+    repo = git.Repo(ws.root)
+    repo.git.add(A=True)
+    repo.index.commit("no test split")
+    with pytest.raises(BenchError, match="test split no arm decides on"):
+        run_bench(ws.root, BenchSettings(budget_steps=1, version_steps=1, seeds=(0,)))
+    # Refused before anything was cloned.
+    assert not (ws.state_dir / "bench").exists()

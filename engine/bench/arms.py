@@ -34,9 +34,10 @@ from engine.coach.interventions import config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
+from engine.domains import make_domain
 from engine.harness.rules import is_blocking
 from engine.store import Store
-from engine.verdict import clean_split, split_scores
+from engine.verdict import clean_split, per_task_correctness, split_scores
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
 
@@ -54,6 +55,7 @@ class BenchSettings:
     seeds: tuple[int, ...]
     quick: bool = False
     val_size: int | None = None
+    test_size: int | None = None
     warmup_steps: int | None = None
     leak_rate: float = 0.0
     transfer_from: str = ""
@@ -70,6 +72,7 @@ class BenchSettings:
             seeds=tuple(seeds or (b.seeds[:1] if quick else b.seeds)),
             quick=quick,
             val_size=b.quick_val_size if quick else b.val_size,
+            test_size=b.quick_test_size if quick else b.test_size,
             warmup_steps=b.quick_warmup_steps if quick else None,
             leak_rate=b.leak_rate,
             transfer_from="" if quick else b.transfer_from,
@@ -97,6 +100,8 @@ class VersionRow:
     #: The rules among them that stand against a promotion (`BLOCKING_RULES`, critical).
     blocking: list[str] = field(default_factory=list)
     cpu_seconds: float | None = None  # of the coach call that trained it (its run, evaluation and diagnosis)
+    #: Sampled correctness on test, for the versions the report reads (an arm's promoted lineage).
+    test_sampled: float | None = None
 
 
 @dataclass
@@ -105,15 +110,21 @@ class ArmResult:
     seed: int
     workspace: str
     final: str
-    clean_greedy: float | None
+    clean_greedy: float | None  # the final version's val, clean (what the arm decided on, without a leak)
     clean_sampled: float | None
     clean_halfwidth: float | None  # 95% interval half-width of the clean sampled score over val tasks
     seen_greedy: float | None
     steps: int
-    cpu_seconds: float
+    cpu_seconds: float  # training, evaluation on val and diagnosis; not the report's test evaluations
     wall_seconds: float
     versions: list[VersionRow]
     stopped: str | None = None
+    #: The report's scores: the final version on test, which no arm decided on.
+    test_greedy: float | None = None
+    test_sampled: float | None = None
+    test_halfwidth: float | None = None
+    #: Per test task, the sampled passes' mean: for paired comparisons between arms.
+    test_per_task: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -155,6 +166,8 @@ def _arm_edits(config: WorkspaceConfig, settings: BenchSettings, seed: int) -> d
     }
     if settings.val_size is not None:
         edits["domain.val_size"] = settings.val_size
+    if settings.test_size is not None and config.domain.name != "custom":
+        edits["domain.test_size"] = settings.test_size
     if settings.warmup_steps is not None:
         edits["policy.warmup.steps"] = settings.warmup_steps
     if settings.leak_rate > 0 and config.domain.name == "swe":
@@ -348,6 +361,15 @@ def run_arm(
         ev = engine.eval_run(final)
         greedy, sampled, halfwidth, _ = clean_scores(engine.store, ev.id) if ev else (None, None, None, 0)
         seen = next((r.seen_greedy for r in rows if r.name == final), None)
+        # The report reads test: the final version, and the promoted lineage (when it reached a score).
+        tested = {}
+        for r in rows:
+            if r.name == final or (r.decision == "promoted" and r.parent is not None):
+                run, scores = engine.evaluate(r.name, "test")
+                tested[r.name] = (run.id, scores)
+                r.test_sampled = scores.sampled
+        final_run, final_scores = tested[final]
+        per_task = per_task_correctness(engine.store, final_run, "sampled", "test")
     return ArmResult(
         arm=arm,
         seed=seed,
@@ -362,6 +384,10 @@ def run_arm(
         wall_seconds=wall,
         versions=rows,
         stopped=stopped,
+        test_greedy=final_scores.greedy,
+        test_sampled=final_scores.sampled,
+        test_halfwidth=final_scores.halfwidth,
+        test_per_task={task: value for (task, _), value in per_task.items()},
     )
 
 
@@ -370,7 +396,7 @@ def transfer_skills(template: str, dest: Path, settings: BenchSettings, say: Say
     length and val set (shorter versions promoted nothing there); the skill cards it writes."""
     ws = init_workspace(dest, template)
     edits = _arm_edits(ws.load_config(), settings, settings.seeds[0])
-    for own in ("recipe.steps", "domain.val_size", "policy.warmup.steps"):
+    for own in ("recipe.steps", "domain.val_size", "domain.test_size", "policy.warmup.steps"):
         edits.pop(own, None)
     ws = _commit_edits(ws, edits, "bench settings")
     with Engine(ws) as engine:
@@ -405,7 +431,7 @@ def run_seed(
             result.cpu_seconds, result.wall_seconds = v0_cpu, v0_wall
         results.append(result)
         say(
-            f"seed {seed}: {arm} -> {result.final}, clean greedy {_pct(result.clean_greedy)}, "
+            f"seed {seed}: {arm} -> {result.final}, test sampled {_pct(result.test_sampled)}, "
             f"{result.steps} steps, {result.cpu_seconds:.0f} CPU s"
         )
     return results
@@ -431,6 +457,16 @@ def run_bench(source: Path | str, settings: BenchSettings, say: Say = print) -> 
     repo = git.Repo(source)
     if repo.is_dirty(path=CONFIG_FILE):
         raise BenchError(f"{source / CONFIG_FILE} has uncommitted changes; commit them: the benchmark clones HEAD")
+    config = Workspace.open(source).load_config()
+    if config.domain.name == "custom":
+        has_test = bool(make_domain(config.domain, source).tasks("test"))
+    else:
+        has_test = bool(settings.test_size or getattr(config.domain, "test_size", 0))
+    if not has_test:
+        raise BenchError(
+            "the benchmark scores every arm on a test split no arm decides on, and this workspace has none: set "
+            "[domain] test_size (or [bench] test_size), or give a custom domain splits = ('train', 'val', 'test')"
+        )
     bench_id = datetime.now().strftime("bench-%Y%m%d-%H%M%S")
     root = source / STATE_DIR / "bench" / bench_id
     root.mkdir(parents=True)

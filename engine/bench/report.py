@@ -1,8 +1,10 @@
 """The benchmark's findings, from the arms' stores, and its report: Markdown with a table, a PNG
 plot per arm, and the same plots for a terminal.
 
-Every finding is computed, never asserted: each says what was looked for, what the stores show,
-and whether it holds on each seed ("not observed" is a result like any other).
+Scores are on test, which no arm decided on: a score chosen on val and reported on val carries a
+winner's-curse bias. Every finding is computed, never asserted: each says what was looked for,
+what the stores show, and per seed whether it holds, fails, or was not observed (a result like
+any other); each can come out "fails" on a real run.
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from engine.bench.arms import ArmResult, BenchRun
 from engine.grpo import DEAD_STD
 from engine.store import Store
+from engine.verdict import paired_bootstrap
 from engine.workspace import Workspace
 
 #: A collapse: one-step submissions in at least this share of the last quarter's rollouts and at
@@ -33,11 +38,13 @@ class BenchFinding:
 
     def verdict(self) -> str:
         values = [v for v in self.holds.values() if v is not None]
+        missing = len(self.holds) - len(values)
+        unseen = f"; not observed on {missing}" if missing else ""
         if not values:
             return "not observed"
         if all(values):
-            return f"holds on every seed ({len(values)})"
-        return f"holds on {sum(values)} of {len(values)} seeds"
+            return f"holds on every seed observed ({len(values)}){unseen}"
+        return f"holds on {sum(values)} of {len(values)} seeds, fails on {len(values) - sum(values)}{unseen}"
 
 
 def _query(result: ArmResult, sql: str, params: list[Any] | dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
@@ -60,23 +67,46 @@ def _fmt(x: float | None, digits: int = 3) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def paired(a: dict[str, float], b: dict[str, float]) -> tuple[float, float, float, int] | None:
+    """(mean of a - b, 95% low, high, tasks) over the test tasks both arms scored (paired bootstrap)."""
+    tasks = sorted(a.keys() & b.keys())
+    if not tasks:
+        return None
+    x, y = np.array([b[t] for t in tasks]), np.array([a[t] for t in tasks])
+    low, high = paired_bootstrap(x, y)
+    return float((y - x).mean()), low, high, len(tasks)
+
+
+def _delta(d: tuple[float, float, float, int] | None) -> str:
+    return "no common test task" if d is None else f"{d[0]:+.3f} (95% {d[1]:+.3f} to {d[2]:+.3f}, {d[3]} tasks)"
+
+
 # -- findings --------------------------------------------------------------------------------------
 def leak_finding(results: list[ArmResult]) -> BenchFinding:
+    """Holds when an arm without the full harness promoted a branch whose val gain the clean replay
+    does not reproduce (`leak` fires when the full harness audits it) while the full loop rejected
+    such a branch; fails when the full loop promoted one; not observed when no arm trained one."""
     f = BenchFinding("leak", "The leak: high scores copied from history, caught by the full loop")
     for seed, arms in _by_seed(results).items():
         flagged = {a: [v for v in r.versions if "leak" in v.rules] for a, r in arms.items()}
-        full = flagged.get("full", [])
         for arm, versions in flagged.items():
             for v in versions:
                 f.lines.append(
                     f"seed {seed}, {arm}: {v.name} ({v.change}) fires `leak`; val as seen {_fmt(v.seen_greedy)}, "
                     f"clean {_fmt(v.clean_greedy)}; {v.decision}: {v.reason}"
                 )
-        if not full:
+        full = flagged.get("full", [])
+        promoted_elsewhere = [v for a, vs in flagged.items() if a != "full" for v in vs if v.decision == "promoted"]
+        if any(v.decision == "promoted" for v in full):
+            f.holds[seed] = False
+        elif full and promoted_elsewhere:
+            f.holds[seed] = True
+        else:
             f.holds[seed] = None
-            f.lines.append(f"seed {seed}: no version of the full loop fired `leak`")
-            continue
-        f.holds[seed] = not any(v.decision == "promoted" for v in full)
+            f.lines.append(
+                f"seed {seed}: not observed: the full loop trained {len(full)} leaking branch(es), the other arms "
+                f"promoted {len(promoted_elsewhere)}"
+            )
     return f
 
 
@@ -204,11 +234,19 @@ def transfer_finding(results: list[ArmResult], domain: str, offered: list[str]) 
     return f
 
 
+#: The compute target: the full loop reaches the hand recipe's score on at most this share of its steps.
+COMPUTE_SHARE = 0.67
+
+
 def compute_finding(results: list[ArmResult]) -> BenchFinding:
-    f = BenchFinding("compute", "Compute: the full loop's steps and CPU seconds to promote the hand recipe's score")
+    """Holds when a promoted version of the full loop reached the hand recipe's test score (sampled)
+    within COMPUTE_SHARE of the hand recipe's GRPO steps (all versions trained until then count)."""
+    f = BenchFinding(
+        "compute", f"Compute: the full loop reaches the hand recipe's test score within {COMPUTE_SHARE}x its steps"
+    )
     for seed, arms in _by_seed(results).items():
         full, hand = arms.get("full"), arms.get("hand")
-        if full is None or hand is None or hand.clean_greedy is None:
+        if full is None or hand is None or hand.test_sampled is None:
             continue
         steps = cpu = 0.0
         reached = None
@@ -217,40 +255,71 @@ def compute_finding(results: list[ArmResult]) -> BenchFinding:
                 continue
             steps += v.steps
             cpu += v.cpu_seconds or 0.0
-            if v.decision == "promoted" and v.clean_greedy is not None and v.clean_greedy >= hand.clean_greedy:
+            if v.test_sampled is not None and v.test_sampled >= hand.test_sampled:
                 reached = v
                 break
         if reached is None:
             f.holds[seed] = False
             f.lines.append(
-                f"seed {seed}: the full loop promoted no version at the hand recipe's clean greedy "
-                f"{_fmt(hand.clean_greedy)} "
-                f"({full.steps} steps, {full.cpu_seconds:.0f} CPU s used; hand: {hand.steps} steps, "
-                f"{hand.cpu_seconds:.0f} CPU s)"
+                f"seed {seed}: no promoted version of the full loop reached the hand recipe's test sampled "
+                f"{_fmt(hand.test_sampled)} ({full.steps} steps, {full.cpu_seconds:.0f} CPU s used; hand: "
+                f"{hand.steps} steps, {hand.cpu_seconds:.0f} CPU s)"
             )
         else:
-            f.holds[seed] = True
+            f.holds[seed] = steps <= COMPUTE_SHARE * hand.steps
             f.lines.append(
-                f"seed {seed}: {reached.name}, promoted, reached clean greedy {_fmt(reached.clean_greedy)} >= hand "
-                f"{_fmt(hand.clean_greedy)} after {steps:.0f} steps and {cpu:.0f} CPU s (hand: {hand.steps} steps, "
-                f"{hand.cpu_seconds:.0f} CPU s)"
+                f"seed {seed}: {reached.name} reached test sampled {_fmt(reached.test_sampled)} >= hand "
+                f"{_fmt(hand.test_sampled)} after {steps:.0f} steps ({steps / max(hand.steps, 1):.2f}x the hand "
+                f"recipe's {hand.steps}) and {cpu:.0f} CPU s (hand: {hand.cpu_seconds:.0f})"
             )
     return f
 
 
 def main_finding(results: list[ArmResult]) -> BenchFinding:
-    f = BenchFinding("main", "Main result: the full loop's clean score against score-only, hand recipe and base")
+    """Holds when the full loop's final version beats score-only's on test beyond the floor (the
+    paired 95% interval of the difference above 0); fails otherwise."""
+    f = BenchFinding("main", "Main result: the full loop against score-only on test, beyond the floor")
     for seed, arms in _by_seed(results).items():
-        full = arms.get("full")
-        others = [a for a in ("score-only", "hand", "base") if a in arms]
-        if full is None or full.clean_greedy is None:
+        full, score = arms.get("full"), arms.get("score-only")
+        if full is None or score is None:
             continue
-        beaten = [a for a in others if (arms[a].clean_greedy or 0) < full.clean_greedy]
-        f.holds[seed] = len(beaten) == len(others)
+        d = paired(full.test_per_task, score.test_per_task)
+        f.holds[seed] = d is not None and d[1] > 0
+        against = {a: _delta(paired(full.test_per_task, arms[a].test_per_task)) for a in ("hand", "base") if a in arms}
         f.lines.append(
-            f"seed {seed}: full {_fmt(full.clean_greedy)} vs "
-            + ", ".join(f"{a} {_fmt(arms[a].clean_greedy)}" for a in others)
-            + ("" if f.holds[seed] else f" (the full loop does not beat {', '.join(set(others) - set(beaten))})")
+            f"seed {seed}: full {full.final} {_fmt(full.test_sampled)} vs score-only {score.final} "
+            f"{_fmt(score.test_sampled)}: {_delta(d)}" + "".join(f"; vs {a}: {text}" for a, text in against.items())
+        )
+    return f
+
+
+def rl_pays_finding(results: list[ArmResult]) -> BenchFinding:
+    """Holds when the hand recipe trained from v0 gains on test beyond the floor."""
+    f = BenchFinding("rl_pays", "RL pays: the hand recipe against v0 on test, beyond the floor")
+    for seed, arms in _by_seed(results).items():
+        hand, base = arms.get("hand"), arms.get("base")
+        if hand is None or base is None:
+            continue
+        d = paired(hand.test_per_task, base.test_per_task)
+        f.holds[seed] = d is not None and d[1] > 0
+        f.lines.append(
+            f"seed {seed}: hand {_fmt(hand.test_sampled)} vs v0 {_fmt(base.test_sampled)} after {hand.steps} "
+            f"steps: {_delta(d)}"
+        )
+    return f
+
+
+def hand_finding(results: list[ArmResult]) -> BenchFinding:
+    """Holds when the full loop's final test score is at least the hand recipe's."""
+    f = BenchFinding("hand", "The full loop at least matches the hand recipe on test")
+    for seed, arms in _by_seed(results).items():
+        full, hand = arms.get("full"), arms.get("hand")
+        if full is None or hand is None or full.test_sampled is None or hand.test_sampled is None:
+            continue
+        f.holds[seed] = full.test_sampled >= hand.test_sampled
+        f.lines.append(
+            f"seed {seed}: full {_fmt(full.test_sampled)} vs hand {_fmt(hand.test_sampled)}: "
+            f"{_delta(paired(full.test_per_task, hand.test_per_task))}"
         )
     return f
 
@@ -259,6 +328,8 @@ def findings(run: BenchRun, domain: str) -> list[BenchFinding]:
     r = run.results
     return [
         main_finding(r),
+        rl_pays_finding(r),
+        hand_finding(r),
         leak_finding(r),
         efficiency_finding(r),
         backtest_finding(r),
@@ -276,13 +347,13 @@ def _mean_sd(values: Iterable[float | None]) -> str:
 
 
 def main_table(results: list[ArmResult]) -> list[list[str]]:
-    """Rows per arm over seeds: clean greedy (mean ± sd over seeds), clean sampled with its noise
+    """Rows per arm over seeds: test greedy (mean ± sd over seeds), test sampled with its noise
     floor, val as the arm saw it, versions, steps, CPU seconds, decisions."""
     rows = [
         [
             "arm",
-            "clean greedy",
-            "clean sampled (±95%)",
+            "test greedy",
+            "test sampled (±95%)",
             "val as seen",
             "versions",
             "GRPO steps",
@@ -297,12 +368,12 @@ def main_table(results: list[ArmResult]) -> list[list[str]]:
             for v in r.versions:
                 if v.parent is not None:
                     decisions[v.decision] = decisions.get(v.decision, 0) + 1
-        sampled = statistics.mean([r.clean_sampled for r in rs if r.clean_sampled is not None] or [float("nan")])
-        floor = statistics.mean([r.clean_halfwidth for r in rs if r.clean_halfwidth is not None] or [float("nan")])
+        sampled = statistics.mean([r.test_sampled for r in rs if r.test_sampled is not None] or [float("nan")])
+        floor = statistics.mean([r.test_halfwidth for r in rs if r.test_halfwidth is not None] or [float("nan")])
         rows.append(
             [
                 arm,
-                _mean_sd(r.clean_greedy for r in rs),
+                _mean_sd(r.test_greedy for r in rs),
                 f"{sampled:.3f} ± {floor:.3f}",
                 _mean_sd(r.seen_greedy for r in rs),
                 f"{statistics.mean(sum(v.parent is not None for v in r.versions) for r in rs):g}",
@@ -387,10 +458,11 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
         "",
         f"Domain `{domain}`; seeds {', '.join(map(str, s.seeds))}; budget {s.budget_steps} GRPO steps per arm "
         f"(loop versions of {s.version_steps}); {'quick' if s.quick else 'full'} mode; "
-        f"{run.seconds / 60:.1f} minutes in all. Scores are on the clean environment"
+        f"{run.seconds / 60:.1f} minutes in all. Scores are on the test split, which no arm decided on, in"
+        " the clean environment"
         + (f" (the arms trained with the leak on {s.leak_rate:.0%} of tasks)" if s.leak_rate else "")
         + ". ± after a greedy score is its spread over seeds; after a sampled score, the 95% noise floor over"
-        " val tasks.",
+        " test tasks.",
         "",
         _markdown_table(main_table(run.results)),
         "",
@@ -399,7 +471,9 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
         out += [f"## {f.title}", "", f"**{f.verdict()}**", ""]
         out += [f"- {line}" for line in f.lines] + [""]
     out += ["## Versions", ""]
-    rows = [["seed", "arm", "version", "change", "steps", "reward", "val as seen", "clean", "rules", "decision"]]
+    rows = [
+        ["seed", "arm", "version", "change", "steps", "reward", "val as seen", "val clean", "test", "rules", "decision"]
+    ]
     for r in run.results:
         for v in r.versions:
             if v.parent is None and r.arm != "base":
@@ -414,6 +488,7 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
                     _fmt(v.train_reward),
                     _fmt(v.seen_greedy),
                     _fmt(v.clean_greedy),
+                    _fmt(v.test_sampled),
                     ", ".join(v.rules) or "-",
                     v.decision,
                 ]
@@ -450,7 +525,10 @@ def store_results(store: Store, run: BenchRun, found: list[BenchFinding], report
     with store.transaction():
         for r in run.results:
             store.con.execute(
-                "INSERT INTO bench_results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, current_timestamp)",
+                "INSERT INTO bench_results (bench_id, seed, arm, final_version, clean_greedy, clean_sampled,"
+                " clean_halfwidth, seen_greedy, versions, steps, cpu_seconds, wall_seconds, details, workspace,"
+                " test_greedy, test_sampled, test_halfwidth)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     run.bench_id,
                     r.seed,
@@ -466,6 +544,9 @@ def store_results(store: Store, run: BenchRun, found: list[BenchFinding], report
                     r.wall_seconds,
                     json.dumps(r.to_dict(), default=str),
                     r.workspace,
+                    r.test_greedy,
+                    r.test_sampled,
+                    r.test_halfwidth,
                 ],
             )
         store.con.execute(

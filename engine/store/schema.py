@@ -269,6 +269,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE versions ADD COLUMN verdict_delta DOUBLE;      -- child - parent on the primary comparison
     ALTER TABLE versions ADD COLUMN verdict_floor DOUBLE;      -- its 95% half-width
     """,
+    # 8: the benchmark reports each arm on the test split (no arm decided on it).
+    """
+    ALTER TABLE bench_results ADD COLUMN test_greedy DOUBLE;
+    ALTER TABLE bench_results ADD COLUMN test_sampled DOUBLE;
+    ALTER TABLE bench_results ADD COLUMN test_halfwidth DOUBLE;     -- 95% noise floor of test_sampled
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
