@@ -21,7 +21,7 @@ def tiny_toml(text: str, **overrides: int | float) -> str:
         "num_layers": 2,
         "num_heads": 2,
         "intermediate_size": 64,
-        "warmup_steps": 20,
+        "warmup_steps": 300,  # enough for the tiny policy to write some chains: its GRPO groups have spread
         "batch_size": 32,
         "grpo_steps": 3,
         "sampled_seeds": 1,

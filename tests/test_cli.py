@@ -43,16 +43,16 @@ def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_worksp
     assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]  # v0 only: no branch ran
     listed = flat(runner.invoke(app, ["gates", ws]).output)
     assert "g1 after_design round1-design0: pending" in listed and "hypothesis: If " in listed
-    # v0's baseline groups are all wrong (dead): the first branch answers insufficient signal.
-    assert "signals: dead_training, insufficient_signal" in listed and "recipe.rewards" in listed
+    # v0's baseline completions run into the sample's 28-token budget: the first branch lifts it.
+    assert "signals: truncation" in listed and "recipe.max_completion_length" in listed
 
     assert runner.invoke(app, ["revise", ws, "g1", " "]).exit_code == 1  # revise needs feedback
-    revised = runner.invoke(app, ["revise", ws, "g1", "avoid the reward"])
+    revised = runner.invoke(app, ["revise", ws, "g1", "avoid the completion length"])
     assert revised.exit_code == 0 and "revised" in revised.output
     second = runner.invoke(app, ["run", ws])
     assert "gate g2 waits" in flat(second.output)
     proposals = flat(runner.invoke(app, ["gates", ws]).output)
-    assert "g2 after_design round1-design1" in proposals and "recipe.rewards" not in proposals
+    assert "g2 after_design round1-design1" in proposals and "recipe.max_completion_length" not in proposals
 
     again = runner.invoke(app, ["approve", ws, "g1"])
     assert again.exit_code == 1 and "already answered" in flat(again.output)
@@ -63,7 +63,7 @@ def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_worksp
     assert "gate g3 waits" in flat(fourth.output)  # a new round after the aborted one
     assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]
     history = flat(runner.invoke(app, ["gates", ws, "--all"]).output)
-    assert "g2 after_design round1-design1: aborted" in history and "feedback: avoid the reward" in history
+    assert "g2 after_design round1-design1: aborted" in history and "feedback: avoid the completion length" in history
 
 
 def test_a_bad_workspace_toml_is_reported_not_raised(tiny_workspace: Workspace) -> None:

@@ -592,16 +592,38 @@ def test_a_real_tiny_loop_of_two_versions(tiny_workspace: Workspace) -> None:
             assert decided[name][0] == v.state
             assert engine.tree.decision(name)[0] == v.state
             iv = engine.store.get_intervention(v.intervention_id)
-            assert iv["round"] == 1 and iv["template"] and iv["hypothesis"].startswith("If ")
-        factors = {
-            engine.store.get_intervention(engine.store.get_version(n).intervention_id)["factor"] for n in result.trained
-        }
-        assert len(factors) == 2  # two branches, two different factors
+            assert iv["template"] and iv["hypothesis"].startswith("If ")
+        ivs = [engine.store.get_intervention(engine.store.get_version(n).intervention_id) for n in result.trained]
+        assert len({iv["factor"] for iv in ivs}) == 2  # two different factors (branches, or rounds)
         assert engine.store.query("SELECT count(*) FROM cases") == [(2,)]
-        assert engine.store.query("SELECT state FROM rounds") == [("done",)]
+        rounds = engine.store.query("SELECT id, state FROM rounds ORDER BY id")
+        assert {iv["round"] for iv in ivs} <= {r[0] for r in rounds} and {r[1] for r in rounds} == {"done"}
         gates = engine.store.query("SELECT kind, state, answered_by FROM gates ORDER BY id")
         assert gates[0] == ("after_design", "approved", "auto")
         assert {g[0] for g in gates} >= {"after_design", "after_completion"}
+
+
+def test_a_loop_whose_backtests_drop_every_branch_stops_and_never_proposes_a_dropped_change_again(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every proposal is contradicted by its backtest: rounds must not repeat forever. A change a
+    backtest dropped is not proposed again from the same parent, and the loop ends."""
+    import engine.coach.loop as loop_module
+    from engine.harness.backtest import InterventionBacktest
+
+    engine.store.update_version("v0", checkpoint="models/v0")  # built: the loop trains no v0
+    monkeypatch.setattr(engine, "train_run", lambda version: type("Run", (), {"id": "v0-train-0"})())
+    monkeypatch.setattr(
+        loop_module, "backtest_intervention", lambda *a, **k: InterventionBacktest(None, "revives nothing", True)
+    )
+    result = Coach(engine, answer=auto_approve).run(2)
+    assert result.trained == [] and result.stopped is not None
+    rounds = engine.store.query("SELECT id, proposals FROM rounds ORDER BY id")
+    branches = [b for _, p in rounds for b in json.loads(p)]
+    assert branches and all(b["dropped"] == "revives nothing" and b["version"] is None for b in branches)
+    changes = [json.dumps(b["change"], sort_keys=True) for b in branches]
+    assert len(changes) == len(set(changes))  # no dropped change came back in a later round
+    assert len(rounds) <= loop_module.MAX_IDLE_ROUNDS
 
 
 def test_the_claude_backend_through_the_coach_records_tokens_and_falls_back_on_errors(

@@ -78,18 +78,25 @@ def test_a_poisoned_test_split_changes_no_decision(tmp_path: Path, sample_toml: 
     """Two workspaces that differ only in their test answers (shifted by seven in one) make the
     same decisions with the same val scores; the poisoned one even holds test rollouts of v0
     (scored against the wrong answers) while its coach decides."""
-    outcomes = {}
+    outcomes, test_scored = {}, {}
     for poison in (False, True):
         ws = poisonable_workspace(tmp_path / f"poison-{poison}", sample_toml, poison)
         with Engine(ws) as engine:
             engine.ensure_base()
-            _, scores = engine.evaluate("v0", "test")
+            run, scores = engine.evaluate("v0", "test")
             assert scores.n_tasks == 60
-            if poison:
-                assert scores.greedy == 0.0  # no answer is right against shifted answers
+            test_scored[poison] = engine.store.query(
+                "SELECT task_id, completion, reward_components['correctness'] FROM rollouts"
+                " WHERE run_id = ? AND split = 'test' ORDER BY task_id, sample_idx",
+                [run.id],
+            )
             Coach(engine, answer=auto_approve).run(2)
             assert engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'test'")[0][0] > 0
         outcomes[poison] = decisions(ws)
+    # The same v0 wrote the same test completions in both; the poison scored them against shifted
+    # answers, so no completion is right in both.
+    assert [r[:2] for r in test_scored[True]] == [r[:2] for r in test_scored[False]]
+    assert not any(p[2] and c[2] for p, c in zip(test_scored[True], test_scored[False], strict=True))
     assert outcomes[True] == outcomes[False]
     assert len([r for r in outcomes[False] if r[0] in ("v1", "v2")]) == 2
 

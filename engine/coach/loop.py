@@ -38,6 +38,8 @@ _VERB = {"promoted": "Promote", "rejected": "Reject", "pruned": "Prune"}
 
 #: Revise answers a design gate takes before the round gives up on proposing.
 MAX_REVISIONS = 3
+#: Rounds in a row that ran nothing (every branch dropped by its backtest) before a loop stops.
+MAX_IDLE_ROUNDS = 3
 
 
 class WaitingAtGate(Exception):
@@ -115,16 +117,22 @@ class Coach:
         """Run rounds until `versions` versions were trained (or a gate waits, or it is aborted)."""
         result = LoopResult()
         self.engine.ensure_base(progress, self.layers)
+        idle = 0
         while len(result.trained) < versions:
+            if idle >= MAX_IDLE_ROUNDS:
+                result.stopped = f"{idle} rounds in a row had every branch dropped by its backtest"
+                break
             children = sum(1 for v in self.store.list_versions() if v.parent is not None)
             if children >= self.config.budget.max_versions:
                 result.stopped = f"budget.max_versions ({self.config.budget.max_versions}) reached"
                 break
             rnd = self.rounds.current() or self._open_round()
+            before = len(result.trained) + len(result.decisions)
             try:
                 if not self._play(rnd, versions - len(result.trained), result, progress):
                     result.stopped = "no applicable intervention is left to propose"
                     break
+                idle = idle + 1 if len(result.trained) + len(result.decisions) == before else 0
             except WaitingAtGate as waiting:
                 result.waiting = waiting.gate
                 self._emit("waiting", str(waiting), gate=waiting.gate.id)

@@ -10,6 +10,7 @@ that apply to the parent's config, each a different factor.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from engine.coach.gates import Gates
 from engine.coach.interventions import InterventionError, apply, config_changes, run_facts
 from engine.coach.literature import Literature
 from engine.coach.memory import Lookups, Memory, failure_signature
-from engine.coach.rounds import Branch, Round
+from engine.coach.rounds import Branch, Round, Rounds
 from engine.coach.skills import SkillLibrary
 from engine.config import CONFIG_FILE
 from engine.core import Engine
@@ -43,6 +44,7 @@ class Planner:
         self.gates = Gates(engine.store)
         self.skills = SkillLibrary(engine.workspace.root)
         self.literature = Literature(engine.workspace.root)
+        self.rounds = Rounds(engine.store)
 
     def context(self, rnd: Round, diagnosis: Diagnosis | None, branches: int) -> tuple[PlanningContext, Lookups]:
         parent = rnd.parent
@@ -63,6 +65,11 @@ class Planner:
         hits = [h.to_dict() for h in self.literature.search(query, k=3)]
         history = self.memory.ledger()
         tried = [h for h in history if h["parent"] == parent]  # this round's created branches included
+        # ... and what a backtest dropped before it ran.
+        tried += [
+            {"template": b.intervention.template, "factor": ", ".join(b.intervention.factors)}
+            for b in self.rounds.dropped(parent)
+        ]
         lookups = Lookups(query, hits, rules, [s.to_dict() for s in skills], signature, cases)
         ctx = PlanningContext(
             parent=parent,
@@ -108,6 +115,7 @@ class Planner:
         """The proposals that apply to the parent's config, each a different factor."""
         parent_text = self.engine.config_text(rnd.parent)
         parent_config = self.engine.version_config(rnd.parent)
+        dropped = {json.dumps(b.change, sort_keys=True): b.dropped for b in self.rounds.dropped(rnd.parent)}
         out: list[Branch] = []
         factors: set[str] = set()
         for iv in proposals.interventions:
@@ -119,6 +127,9 @@ class Planner:
             change = config_changes(parent_config, config)
             if not change or factors & set(iv.factors):
                 self.emit("refused", f"{iv.title()}: no change, or a factor another branch already changes")
+                continue
+            if (why := dropped.get(json.dumps(change, sort_keys=True))) is not None:
+                self.emit("refused", f"{iv.title()}: a backtest already dropped this change from {rnd.parent} ({why})")
                 continue
             factors |= set(iv.factors)
             out.append(Branch(intervention=iv, text=text, change=change, title=iv.title(parent_config)))

@@ -106,6 +106,12 @@ class Rounds:
         )
         return row[0] if row else None
 
+    def dropped(self, parent: str) -> list[Branch]:
+        """The branches a backtest dropped in earlier rounds from `parent`: what need not be proposed
+        again (without this, a loop whose every proposal is dropped would open rounds forever)."""
+        rows = self.store.query("SELECT proposals FROM rounds WHERE parent = ? ORDER BY id", [parent])
+        return [b for (proposals,) in rows for b in _branches(proposals) if b.dropped]
+
     def _set(self, round_id: int, **values: Any) -> None:
         sets = ", ".join(f"{k} = ?" for k in values)
         self.store.con.execute(f"UPDATE rounds SET {sets} WHERE id = ?", [*values.values(), round_id])
@@ -113,5 +119,8 @@ class Rounds:
 
 def _round(row: tuple[Any, ...]) -> Round:
     *head, proposals = row
-    branches = [Branch.model_validate(b) for b in json.loads(proposals or "[]")]
-    return Round(*head, branches=branches)
+    return Round(*head, branches=_branches(proposals))
+
+
+def _branches(proposals: str | None) -> list[Branch]:
+    return [Branch.model_validate(b) for b in json.loads(proposals or "[]")]
