@@ -14,9 +14,10 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from engine.domains import make_domain, score
+from engine.domains import make_domain
 from engine.domains.base import Domain, Task
 from engine.runs.artifacts import EVENTS_FILE, EventLog, RolloutBatch, write_rollouts
+from engine.runs.evaluate import add_completion
 from engine.runs.spec import RunSpec
 
 Quality = Callable[[str], float]
@@ -68,17 +69,7 @@ class ScriptedRunner:
             for g, task in enumerate(tasks):
                 for s in range(samples):
                     text = self.form(spec.version, domain, task, rng.random() < p)
-                    total, components = score(domain, task, text, weights)
-                    out.group_id.append(g)
-                    out.sample_idx.append(first + s)
-                    out.task_id.append(task.task_id)
-                    out.subset.append(task.subset)
-                    out.prompt.append(task.prompt)
-                    out.completion.append(text)
-                    out.reward.append(total)
-                    out.reward_components.append(components)
-                    out.truncated.append(False)
-                    out.completion_length.append(len(text))
+                    add_completion(out, domain, weights, task, (text, False, len(text)), g, first + s)
             name = f"{split}-{decoding}-{first}-{step:06d}"
             events.write("rollouts", step=step, split=split, file=write_rollouts(run_dir, name, out), rows=len(out))
 
