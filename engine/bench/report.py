@@ -376,7 +376,7 @@ def main_table(results: list[ArmResult]) -> list[list[str]]:
                 _mean_sd(r.test_greedy for r in rs),
                 f"{sampled:.3f} ± {floor:.3f}",
                 _mean_sd(r.seen_greedy for r in rs),
-                f"{statistics.mean(sum(v.parent is not None for v in r.versions) for r in rs):g}",
+                f"{statistics.mean(sum(v.parent is not None for v in r.versions) for r in rs):.3g}",
                 f"{statistics.mean(r.steps for r in rs):.0f}",
                 f"{statistics.mean(r.cpu_seconds for r in rs):.0f}",
                 ", ".join(f"{n} {k}" for k, n in sorted(decisions.items())) or "-",
