@@ -337,6 +337,14 @@ class DataConfig(_Section):
 class EvalConfig(_Section):
     sampled_seeds: int = Field(2, ge=1, description="Sampled passes over val (greedy is always one pass).")
     temperature: Temperature = Field(1.0, description="Sampling temperature of the sampled passes.")
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens a completion (a multi-turn episode: model and environment tokens) may take in "
+        "evaluation. Part of the evaluation protocol, not of the recipe: every version is evaluated with the same "
+        "room, so a verdict compares policies, not budgets. Unset: the policy's whole room (its context minus the "
+        "longest prompt), at most 1024.",
+    )
     primary: Literal["sampled", "greedy"] = Field(
         "sampled",
         description="The pre-declared comparison a verdict decides on (per task, the mean over the sampled "

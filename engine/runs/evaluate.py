@@ -88,7 +88,7 @@ def evaluate(
     tokenizer: PreTrainedTokenizerBase,
     domain: Domain,
     weights: dict[str, float],
-    max_new_tokens: int,
+    max_new_tokens: int | None,
     sampled_seeds: int,
     temperature: float,
     run_id: str,
@@ -97,10 +97,13 @@ def evaluate(
     clean: bool = False,
     split: str = "val",
 ) -> EvalResult:
-    """Rollouts of a held-out split, greedy and sampled. Val: `clean` plays agentic episodes
-    without the leak and stores them as split ``clean``. Test always plays clean."""
+    """Rollouts of a held-out split, greedy and sampled, each completion (or episode) given
+    `max_new_tokens` (None: the policy's whole room). Val: `clean` plays agentic episodes without
+    the leak and stores them as split ``clean``. Test always plays clean."""
     tasks = list(domain.tasks(split))
     prompts = [t.prompt for t in tasks]
+    if max_new_tokens is None:
+        max_new_tokens = completion_room(model, tokenizer, prompts)
     clean = clean or split == "test"
     split = "clean" if clean and split == "val" else split
     greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
@@ -130,6 +133,18 @@ def evaluate(
         for i, (task, output) in enumerate(zip(tasks, outputs, strict=True)):
             add_completion(batch, domain, weights, task, output, i, sample_idx)
     return EvalResult(greedy, sampled)
+
+
+#: The most tokens an evaluation gives a completion when the workspace sets no budget.
+EVAL_MAX_NEW_TOKENS = 1024
+
+
+def completion_room(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]) -> int:
+    """The tokens the policy has left after the longest prompt (at most EVAL_MAX_NEW_TOKENS): an
+    evaluation budget that no recipe change moves, the same for a version and its parent."""
+    context = getattr(model.config, "max_position_embeddings", None) or EVAL_MAX_NEW_TOKENS
+    longest = max((len(ids) for ids in tokenizer(list(prompts))["input_ids"]), default=0)
+    return max(1, min(EVAL_MAX_NEW_TOKENS, context - longest))
 
 
 def add_completion(

@@ -45,7 +45,7 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
             tokenizer,
             domain,
             cfg.recipe.rewards,
-            max_new_tokens=cfg.recipe.max_completion_length,
+            max_new_tokens=cfg.eval.max_completion_length,
             sampled_seeds=cfg.eval.sampled_seeds,
             temperature=cfg.eval.temperature,
             run_id=spec.run_id,
