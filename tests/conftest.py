@@ -25,7 +25,7 @@ def tiny_toml(text: str, **overrides: int | float) -> str:
         "batch_size": 32,
         "grpo_steps": 3,
         "sampled_seeds": 1,
-        "prompts_per_step": 8,  # 8 x 8 completions a step: a tiny test version needs no more
+        "prompts_per_step": 8,  # the math sample's: 8 x 8 completions a step are enough for a tiny test version
         "demo_shortcut_rate": 0.0,
     }
     values.update(overrides)
@@ -38,14 +38,18 @@ def tiny_toml(text: str, **overrides: int | float) -> str:
         r"^intermediate_size = \d+": f"intermediate_size = {values['intermediate_size']}",
         r"^batch_size = \d+": f"batch_size = {values['batch_size']}",
         r"^sampled_seeds = \d+": f"sampled_seeds = {values['sampled_seeds']}",
-        r"^prompts_per_step = \d+": f"prompts_per_step = {values['prompts_per_step']}",
     }
     for pattern, new in replacements.items():
         text, n = re.subn(pattern, new, text, count=1, flags=re.M)
         assert n == 1, pattern
-    # The math sample's own key (other domains' templates have none).
+    # The math sample (the one template with demo_shortcut_rate): chains only, so the tests' v0
+    # writes chains, and 8 prompts a step. Other templates keep their own prompts_per_step.
     rate = f"demo_shortcut_rate = {values['demo_shortcut_rate']}   # chains only: the tests' v0 writes chains"
-    text = re.sub(r"^demo_shortcut_rate = .*$", rate, text, count=1, flags=re.M)
+    text, math = re.subn(r"^demo_shortcut_rate = .*$", rate, text, count=1, flags=re.M)
+    if math:
+        text = re.sub(
+            r"^prompts_per_step = \d+.*$", f"prompts_per_step = {values['prompts_per_step']}", text, count=1, flags=re.M
+        )
     # Two `steps =` keys: the warm-up's comes first, the recipe's second.
     steps = iter([values["warmup_steps"], values["grpo_steps"]])
     text = re.sub(r"^steps = \d+", lambda _: f"steps = {next(steps)}", text, flags=re.M)
