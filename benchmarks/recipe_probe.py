@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         v0, base_greedy, base_sampled = base_for(arm)
         cfg = config(arm.edits)
         run_dir = scratch / arm.name
+        run_dir.mkdir(parents=True)
         spec = RunSpec(run_id=arm.name, version=arm.name, kind="train", config=cfg, model_in=v0,
                        model_out=run_dir / "model", workspace=ws)  # fmt: skip
         start = time.perf_counter()
