@@ -70,11 +70,14 @@ def per_task(batch: Any) -> dict[str, float]:
 
 
 def paired(child: dict[str, float], parent: dict[str, float]) -> tuple[float, float, float]:
-    """(child mean, difference, 95% half-width) over the tasks both were scored on."""
+    """(child mean, difference, 95% half-width) over the tasks both were scored on: the verdict's
+    own paired bootstrap, so a probe's floor is the one a version would be judged by."""
+    from engine.verdict import paired_bootstrap
+
     tasks = sorted(child.keys() & parent.keys())
-    diff = np.array([child[t] - parent[t] for t in tasks])
-    half = 1.96 * diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-    return float(np.mean([child[t] for t in tasks])), float(diff.mean()), float(half)
+    a, b = np.array([parent[t] for t in tasks]), np.array([child[t] for t in tasks])
+    low, high = paired_bootstrap(a, b)
+    return float(b.mean()), float((b - a).mean()), (high - low) / 2
 
 
 def main(argv: list[str] | None = None) -> int:
