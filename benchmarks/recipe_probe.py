@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (ws / CONFIG_FILE).read_text(encoding="utf-8")
     arms = [parse_arm(a) for a in args.arms]
     scratch = Path(tempfile.mkdtemp(prefix="recipe-probe-"))
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 200)  # a log file keeps every column
 
     def config(edits: dict[str, Any]) -> WorkspaceConfig:
         try:
@@ -112,12 +112,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             raise SystemExit(f"{ws / CONFIG_FILE} with {edits}: {exc}") from exc
 
+    eval_seconds: list[float] = []
+
     def score(model: Any, tokenizer: Any, cfg: WorkspaceConfig) -> tuple[dict[str, float], dict[str, float], float]:
+        start = time.perf_counter()
         result = evaluate(
             model, tokenizer, make_domain(cfg.domain, ws), cfg.recipe.rewards,
             max_new_tokens=cfg.eval.max_completion_length, sampled_seeds=cfg.eval.sampled_seeds,
             temperature=cfg.eval.temperature, run_id="probe", step=0, seed=cfg.recipe.seed, split="val",
         )  # fmt: skip
+        eval_seconds.append(time.perf_counter() - start)
         return per_task(result.greedy), per_task(result.sampled), float(np.mean(result.sampled.completion_length))
 
     bases: dict[str, tuple[Path, dict[str, float], dict[str, float]]] = {}
@@ -139,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             bases[key] = (path, greedy, sampled)
             changes = json.dumps(arm.base_edits) if arm.base_edits else "-"
             means = float(np.mean(list(greedy.values()))), float(np.mean(list(sampled.values())))
-            rows.append(("v0", changes, 0, 0.0, means[0], None, means[1], None, length))
+            rows.append(("v0", changes, 0, 0.0, eval_seconds[-1], means[0], None, means[1], None, length))
         return bases[key]
 
     for arm in arms:
@@ -156,17 +160,19 @@ def main(argv: list[str] | None = None) -> int:
         greedy, sampled, length = score(trainer.model, trainer.processing_class, cfg)
         g, s = paired(greedy, base_greedy), paired(sampled, base_sampled)
         changes = ", ".join(f"{k}={v}" for k, v in arm.edits.items())
-        rows.append((arm.name, changes, trainer.state.global_step, seconds, g[0], g[1:], s[0], s[1:], length))
+        rows.append((arm.name, changes, trainer.state.global_step, seconds, eval_seconds[-1], g[0], g[1:], s[0], s[1:],
+                     length))  # fmt: skip
 
     table = Table(title=f"GRPO from v0 on {ws.name}: val, paired 95% intervals against each arm's v0")
-    for column in ("arm", "changes", "steps", "train s", "greedy", "Δ greedy", "sampled", "Δ sampled", "length"):
+    columns = ("arm", "changes", "steps", "train s", "eval s", "greedy", "Δ greedy", "sampled", "Δ sampled", "length")
+    for column in columns:
         table.add_column(column, justify="left" if column in ("arm", "changes") else "right")
 
     def delta(d: tuple[float, float] | None) -> str:
         return "" if d is None else f"{d[0]:+.3f} ±{d[1]:.3f}"
 
-    for name, changes, steps, seconds, greedy_mean, dg, sampled_mean, ds, length in rows:
-        table.add_row(name, changes, str(steps), f"{seconds:.0f}", f"{greedy_mean:.3f}", delta(dg),
+    for name, changes, steps, seconds, eval_s, greedy_mean, dg, sampled_mean, ds, length in rows:
+        table.add_row(name, changes, str(steps), f"{seconds:.0f}", f"{eval_s:.0f}", f"{greedy_mean:.3f}", delta(dg),
                       f"{sampled_mean:.3f}", delta(ds), f"{length:.1f}")  # fmt: skip
     console.print(table)
     return 0
