@@ -3,6 +3,8 @@ seed from what the versions show (on test), whatever the arms' own verdicts clai
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from engine.bench.arms import ArmResult, VersionRow
@@ -13,6 +15,8 @@ from engine.bench.report import (
     leak_finding,
     main_finding,
     main_table,
+    plot_png,
+    plot_terminal,
     rl_pays_finding,
 )
 
@@ -131,3 +135,17 @@ def test_the_main_table_has_one_row_per_arm_with_seed_spread() -> None:
     full = rows[-1]
     assert full[1] == "0.500 ± 0.000" and full[2] == "0.500 ± 0.040" and full[4] == "2" and full[5] == "40"
     assert full[7] == "2 promoted, 2 rejected"
+
+
+def test_plots_keep_a_reward_above_one_in_range(tmp_path: Path) -> None:
+    """A weighted sum of components can pass 1 (correctness + 0.5 x pass_fraction: the code
+    sample's hand recipe trained to 1.22): both plots widen their range to it (plotext raised
+    on a point above its range, after a whole benchmark had run)."""
+    versions = [version("v0", None, 0.99), version("v1", "v0", 0.99, train_reward=1.22)]
+    results = [arm("hand", seed, "v1", versions) for seed in (0, 1, 2)]
+    text = plot_terminal(results, "hand")
+    assert "hand: reward and clean score over versions" in text
+    path = plot_png(results, "hand", tmp_path / "hand.png")
+    import matplotlib.image
+
+    assert matplotlib.image.imread(path).shape[0] > 0

@@ -395,10 +395,11 @@ def _series(r: ArmResult) -> tuple[list[str], list[float | None], list[float | N
     )
 
 
-def _low(results: list[ArmResult], arm: str) -> float:
-    """The plots' lower bound: 0, or the lowest reward (penalties make rewards negative)."""
+def _range(results: list[ArmResult], arm: str) -> tuple[float, float]:
+    """The plots' y range: 0 to 1, widened to the rewards (penalties make them negative, and a
+    weighted sum of several components can pass 1); plotext fails on a point outside its range."""
     values = [v.train_reward for r in results if r.arm == arm for v in r.versions if v.train_reward is not None]
-    return min([0.0, *values])
+    return min([0.0, *values]), max([1.0, *values])
 
 
 def plot_png(results: list[ArmResult], arm: str, path: Path) -> Path:
@@ -417,7 +418,8 @@ def plot_png(results: list[ArmResult], arm: str, path: Path) -> Path:
         ax.set_xticks(x, names)
     ax.set_title(f"{arm}: reward and clean score over versions")
     ax.set_xlabel("version (creation order)")
-    ax.set_ylim(_low(results, arm) - 0.05, 1.05)
+    low, high = _range(results, arm)
+    ax.set_ylim(low - 0.05, high + 0.05)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
@@ -440,7 +442,7 @@ def plot_terminal(results: list[ArmResult], arm: str, width: int = 72, height: i
             if pts:
                 plt.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="dot")
     plt.title(f"{arm}: reward and clean score over versions")
-    plt.ylim(_low(results, arm), 1)
+    plt.ylim(*_range(results, arm))
     return str(plt.build())
 
 
