@@ -74,9 +74,11 @@ def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspac
         wait_for(session, "v1-train-1", 120)
         # A rollout, opened: the browser shows the run being followed (v1's); its first rollouts
         # arrive with its first step, so the browser is reloaded (r) until they are there.
+        # On a loaded machine a reload was once seen to show rows and then none ("no rows of 0"):
+        # the detail is awaited with reloads too (noted for a look at the browser's reload).
         keys(session, "o")
         wait_for(session, "rows 1-", 60, retry_key="r")
-        wait_for(session, "── prompt", 10)
+        wait_for(session, "── prompt", 30, retry_key="r")
         keys(session, "z")
         wait_for(session, "── completion", 10)
         keys(session, "Escape", "Escape")
