@@ -17,6 +17,7 @@ def tiny_toml(text: str, **overrides: int | float) -> str:
     values: dict[str, int | float] = {
         "train_size": 200,
         "val_size": 24,
+        "test_size": 24,
         "hidden_size": 32,
         "num_layers": 2,
         "num_heads": 2,
@@ -32,6 +33,7 @@ def tiny_toml(text: str, **overrides: int | float) -> str:
     replacements = {
         r"^train_size = \d+": f"train_size = {values['train_size']}",
         r"^val_size = \d+": f"val_size = {values['val_size']}",
+        r"^test_size = \d+": f"test_size = {values['test_size']}",
         r"^hidden_size = \d+": f"hidden_size = {values['hidden_size']}",
         r"^num_layers = \d+": f"num_layers = {values['num_layers']}",
         r"^num_heads = \d+": f"num_heads = {values['num_heads']}",
