@@ -31,8 +31,9 @@ from engine.coach.reports import gate_report_lines
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.daemon import EngineRunningError, serve, socket_path, spawn
+from engine.export import ExportError, export_metrics, export_rollouts
 from engine.harness.diagnose import headline
-from engine.store import StoreLockedError
+from engine.store import Store, StoreLockedError
 from engine.versions import VersionTreeError
 from engine.workspace import TEMPLATES, Workspace, WorkspaceError, init_workspace
 from evotui.access import engine_socket, open_access
@@ -637,6 +638,51 @@ def report(
         _print_json(data)
     else:
         sys.stdout.write(render_markdown(data))
+
+
+@app.command("export")
+def export_cmd(
+    workspace: WorkspaceArg,
+    rollouts: Annotated[Path | None, typer.Option(help="Write the rollouts to this Parquet file.")] = None,
+    metrics: Annotated[
+        Path | None, typer.Option(help="Write the metrics (run, step, key, value) to this Parquet file.")
+    ] = None,
+    version: Annotated[str | None, typer.Option(help="Only the runs of this version (default: every one).")] = None,
+    split: Annotated[
+        str | None, typer.Option(help="Only rollouts of this split: train, val, test, clean (default: every one).")
+    ] = None,
+) -> None:
+    """Write rollouts and/or metrics to Parquet files, each row with its run's version and kind.
+
+    It reads the store itself, which only one process may open: with an engine serving the
+    workspace, stop it first (`evotui engine WS --stop`)."""
+    if rollouts is None and metrics is None:
+        _fail(ValueError("nothing to export: give --rollouts FILE, --metrics FILE, or both"))
+    if split is not None and rollouts is None:
+        _fail(ValueError("--split filters rollouts (metrics have no split): give --rollouts FILE too"))
+    if rollouts is not None and metrics is not None and rollouts.resolve() == metrics.resolve():
+        _fail(ValueError(f"--rollouts and --metrics name the same file, {rollouts}"))
+    try:
+        ws = Workspace.open(workspace)
+        if engine_socket(ws.root) is not None:
+            raise ExportError(f"an engine serves {ws.root}; stop it first (`evotui engine {ws.root} --stop`)")
+        with Store(ws.db_path) as store:
+            # Rollouts first: they check both filters, so a bad one writes no file at all.
+            if rollouts is not None:
+                rows = export_rollouts(store, rollouts, version, split)
+                console.print(_wrote(rows, "rollout", rollouts, version, split), highlight=False)
+            if metrics is not None:
+                rows = export_metrics(store, metrics, version)
+                console.print(_wrote(rows, "metric row", metrics, version, None), highlight=False)
+    except (*USER_ERRORS, ExportError) as exc:
+        _fail(exc)
+
+
+def _wrote(rows: int, noun: str, path: Path, version: str | None, split: str | None) -> str:
+    if rows:
+        return f"Wrote {rows:,} {noun}{'s' if rows != 1 else ''} to {escape(str(path))}"
+    scope = "".join((f" of {version}" if version else "", f" on {split}" if split else "")) or " in the store"
+    return f"Wrote 0 rows to {escape(str(path))}: no {noun}s{escape(scope)}"
 
 
 backtest_app = typer.Typer(
