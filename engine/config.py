@@ -141,6 +141,93 @@ class CustomDomainConfig(_DomainSection):
     )
 
 
+#: Verifiers a dataset domain names (`python:module:function` names the user's own).
+DATASET_VERIFIERS = ("exact", "numeric", "math", "regex")
+
+
+def _workspace_path(value: Path | None, info: ValidationInfo) -> Path | None:
+    """A path of the config made absolute: relative to the workspace, wherever evotui is started from."""
+    if value is None:
+        return None
+    root = (info.context or {}).get("root")
+    return (Path(root) / value if root is not None else Path(value)).resolve()
+
+
+class DatasetDomainConfig(_DomainSection):
+    """Prompts with reference answers from your own files (JSONL, Parquet or CSV), scored by a
+    standard verifier: `exact`, `numeric`, `math` (math-verify), `regex`, or
+    `python:module:function` (see docs/your_model.md)."""
+
+    REWARD_COMPONENTS: ClassVar[tuple[str, ...] | None] = ("correctness", "format", "closeness")
+
+    name: Literal["dataset"] = "dataset"
+    train: Path | None = Field(None, strict=False, description="Train file (relative to the workspace).")
+    val: Path | None = Field(None, strict=False, description="Val file: every decision reads it.")
+    test: Path | None = Field(None, strict=False, description="Test file: held out from every decision.")
+    file: Path | None = Field(
+        None, strict=False, description="One file split by `seed` into val, test and train (instead of the three)."
+    )
+    val_fraction: float = Field(0.1, gt=0, lt=1, description="`file`: the share of rows that become val.")
+    test_fraction: float = Field(0.1, ge=0, lt=1, description="`file`: the share of rows that become test.")
+    seed: int = Field(1234, description="`file`: the seed of the split.")
+    prompt_field: str = Field("prompt", min_length=1)
+    answer_field: str = Field("answer", min_length=1)
+    id_field: str | None = Field(None, min_length=1, description="A field of unique row ids (unset: file:line).")
+    completion_field: str | None = Field(
+        None, min_length=1, description="Reference completions: the warm-up's demonstrations, when one is asked for."
+    )
+    subset_field: str | None = Field(None, min_length=1, description="A field that groups rows for per-subset scores.")
+    system_prompt: str = Field("", description="A system message before each prompt (chat-template policies).")
+    verifier: str = Field("exact", description="exact | numeric | math | regex | python:module:function")
+    tolerance: float = Field(
+        1e-6, ge=0, description="`numeric`: the largest accepted |answer - reference| / max(1, |reference|)."
+    )
+    answer_pattern: str | None = Field(
+        None,
+        description="A regex whose last match's group 1 (or whole match) is the completion's answer. Unset: "
+        "the content of the last \\boxed{...}, else what follows the last '####' or 'Answer:', else (numeric) "
+        "the last number.",
+    )
+    train_size: int | None = Field(None, ge=1, description="Use at most this many train rows (unset: all).")
+    val_size: int | None = Field(None, ge=1, description="Use at most this many val rows (unset: all).")
+    test_size: int | None = Field(None, ge=0, description="Use at most this many test rows (unset: all; 0: none).")
+
+    @field_validator("train", "val", "test", "file")
+    @classmethod
+    def _exists(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        path = _workspace_path(value, info)
+        if path is not None and not path.is_file():
+            raise ValueError(f"{str(value)!r} is not a file (paths are relative to the workspace)")
+        return path
+
+    @field_validator("verifier")
+    @classmethod
+    def _known_verifier(cls, value: str) -> str:
+        if value in DATASET_VERIFIERS or re.fullmatch(r"python:[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            return value
+        raise ValueError(f"unknown verifier; use one of {', '.join(DATASET_VERIFIERS)} or python:module:function")
+
+    @field_validator("answer_pattern")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetDomainConfig:
+        if self.file is not None and (self.train or self.val or self.test):
+            raise ValueError("give either file = '...' (split by seed) or train/val/test, not both")
+        if self.file is None and (self.train is None or self.val is None):
+            raise ValueError("name the data: train = '...' and val = '...' (test optional), or file = '...'")
+        if self.file is not None and self.val_fraction + self.test_fraction >= 1:
+            raise ValueError("val_fraction + test_fraction must leave rows for train (their sum is >= 1)")
+        return self
+
+
 class SweDomainConfig(_DomainSection):
     """Multi-turn bug fixing in tiny generated repositories with tools, visible and hidden tests."""
 
@@ -184,7 +271,8 @@ class SweDomainConfig(_DomainSection):
 
 #: The `[domain]` section: its `name` picks the kind.
 DomainConfig = Annotated[
-    MathDomainConfig | CodeDomainConfig | SweDomainConfig | CustomDomainConfig, Field(discriminator="name")
+    MathDomainConfig | CodeDomainConfig | SweDomainConfig | CustomDomainConfig | DatasetDomainConfig,
+    Field(discriminator="name"),
 ]
 #: Each kind's section by its `name`, read off `DomainConfig` so that a new kind is added in one place.
 DOMAIN_SECTIONS: dict[str, type[_DomainSection]] = {
@@ -485,7 +573,7 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 
 def _format_error(path: Path, text: str, err: dict[str, Any]) -> str:
     loc = tuple(err.get("loc", ()))
-    if loc[:1] == ("domain",) and len(loc) > 2 and loc[1] in DOMAIN_SECTIONS:
+    if loc[:1] == ("domain",) and len(loc) > 1 and loc[1] in DOMAIN_SECTIONS:
         loc = loc[:1] + loc[2:]  # pydantic puts the union's tag in the path: domain.math.seed is domain.seed
     field = ".".join(str(k) for k in loc) or "(top level)"
     line = _line_of(text, loc)

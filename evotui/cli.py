@@ -31,6 +31,7 @@ from engine.coach.reports import gate_report_lines
 from engine.config import WorkspaceConfigError
 from engine.core import Engine, RunFailed, RunUpdate
 from engine.daemon import EngineRunningError, serve, socket_path, spawn
+from engine.domains.dataset import DatasetError
 from engine.export import ExportError, export_metrics, export_rollouts
 from engine.harness.diagnose import headline
 from engine.store import Store, StoreLockedError
@@ -50,7 +51,7 @@ console = Console()
 err = Console(stderr=True)
 
 WorkspaceArg = Annotated[Path, typer.Argument(help="The workspace directory.", show_default=False)]
-USER_ERRORS = (WorkspaceConfigError, WorkspaceError, StoreLockedError, VersionTreeError, RunFailed)
+USER_ERRORS = (WorkspaceConfigError, WorkspaceError, StoreLockedError, VersionTreeError, RunFailed, DatasetError)
 
 
 def _fail(exc: Exception) -> None:

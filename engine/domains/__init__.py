@@ -51,7 +51,7 @@ def reward_functions(domain: str, functions: Mapping[str, Fn]) -> dict[str, Fn]:
 
 def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
     """The domain a config names; `root` is the workspace directory, needed by a custom domain
-    (its code lives in `<root>/domains/<module>.py`)."""
+    (its code lives in `<root>/domains/<module>.py`) and by a dataset domain's python verifier."""
     if config.name == "math":
         from engine.domains.math import MathDomain
 
@@ -64,6 +64,10 @@ def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
         from engine.domains.swe import SweDomain
 
         return SweDomain(config)
+    if config.name == "dataset":
+        from engine.domains.dataset import DatasetDomain
+
+        return DatasetDomain(config, root)
     if config.name == "custom":
         from engine.domains.custom import load_custom_domain
 
