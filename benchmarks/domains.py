@@ -29,7 +29,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from sandbox import startup_times  # noqa: E402
 
 from engine.domains import make_domain  # noqa: E402
-from engine.policy.tiny import build_tiny_policy, save_policy, warmup_policy  # noqa: E402
+from engine.policy.pretrained import save_policy  # noqa: E402
+from engine.policy.tiny import build_tiny_policy, warmup_policy  # noqa: E402
 from engine.runs.artifacts import EventLog, read_events  # noqa: E402
 from engine.runs.episodes import play  # noqa: E402
 from engine.runs.spec import RunSpec  # noqa: E402

@@ -31,7 +31,7 @@ def bare(run_dir: Path) -> None:
     from trl import GRPOTrainer
 
     from engine.domains import make_domain
-    from engine.policy.tiny import load_policy, save_policy
+    from engine.policy.pretrained import load_policy, save_policy
     from engine.runs.evaluate import evaluate
     from engine.runs.spec import RunSpec
     from engine.runs.worker import grpo_args, grpo_dataset

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     from engine.coach.interventions import edit_toml
     from engine.config import CONFIG_FILE, WorkspaceConfig
     from engine.domains import make_domain
-    from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
+    from engine.policy.pretrained import load_policy, save_policy
+    from engine.policy.tiny import build_tiny_policy, warmup_policy
     from engine.runs.artifacts import EventLog
     from engine.runs.evaluate import evaluate
     from engine.runs.spec import RunSpec

@@ -312,27 +312,90 @@ class WarmupConfig(_Section):
     )
 
 
+class LoraConfig(_Section):
+    """`[policy.lora]`: train LoRA adapters (peft) instead of every weight; versions save adapters."""
+
+    r: int = Field(16, ge=1, le=1024)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="Module names to adapt (e.g. ['q_proj', 'v_proj']), or 'all-linear'."
+    )
+
+
+class TrackingConfig(_Section):
+    """`[tracking]`: experiment trackers TRL reports each run to (the store stays the source of truth)."""
+
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="Tracker names as transformers knows them: 'trackio', 'wandb', 'tensorboard', 'mlflow' ...; "
+        "each run is named by its run id. Install the tracker's package yourself.",
+    )
+
+    @field_validator("report_to")
+    @classmethod
+    def _no_none(cls, value: list[str]) -> list[str]:
+        if "none" in value or "all" in value:
+            raise ValueError("list the trackers by name ('none': leave the list empty; 'all' is not accepted)")
+        return value
+
+
 class PolicyConfig(_Section):
-    kind: Literal["embedded", "local"] = "embedded"
+    kind: Literal["embedded", "hf", "local"] = Field(
+        "embedded",
+        description="'embedded': the tiny model built in code; 'hf': a Hugging Face causal LM (name_or_path); "
+        "'local': the older spelling of 'hf' with a directory in `path`.",
+    )
+    name_or_path: str | None = Field(
+        None, min_length=1, description="kind = 'hf': a Hub id (from the Hub cache or a network) or a directory."
+    )
     path: Path | None = Field(
         None,
         strict=False,  # TOML has no path type: the string is the path
         description="A local Hugging Face causal-LM directory (kind = 'local').",
     )
+    chat_template: bool = Field(
+        False,
+        description="Prompts as conversations through the tokenizer's chat template (as TRL treats conversational "
+        "datasets); single-turn domains only.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="Weights' dtype when loading an hf policy (float32 on a CPU)."
+    )
+    lora: LoraConfig | None = Field(None, description="[policy.lora]: train adapters through peft (hf policies).")
     embedded: EmbeddedPolicyConfig = EmbeddedPolicyConfig()
     warmup: WarmupConfig = WarmupConfig()
 
+    @property
+    def pretrained(self) -> str | None:
+        """The model v0 starts from (a directory or a Hub id), or None for the embedded policy."""
+        if self.kind == "hf":
+            return self.name_or_path
+        return str(self.path) if self.kind == "local" else None
+
     @model_validator(mode="after")
-    def _path_for_local(self, info: ValidationInfo) -> PolicyConfig:
+    def _source(self, info: ValidationInfo) -> PolicyConfig:
+        root = (info.context or {}).get("root")
         if self.kind == "local":
             if self.path is None:
                 raise ValueError("kind = 'local' needs path = '<a Hugging Face causal-LM directory>'")
             # A relative path is relative to the workspace, wherever evotui is started from.
-            root = (info.context or {}).get("root")
             path = Path(root) / self.path if root is not None else Path(self.path)
             if not (path / "config.json").is_file():
                 raise ValueError(f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)")
             object.__setattr__(self, "path", path.resolve())
+        if self.kind == "hf":
+            if self.name_or_path is None:
+                raise ValueError("kind = 'hf' needs name_or_path = '<a Hub id or a model directory>'")
+            local = Path(root) / self.name_or_path if root is not None else Path(self.name_or_path)
+            if local.is_dir():
+                if not (local / "config.json").is_file():
+                    raise ValueError(f"name_or_path {self.name_or_path!r} is a directory without config.json")
+                object.__setattr__(self, "name_or_path", str(local.resolve()))
+            elif self.name_or_path.startswith((".", "/", "~")):
+                raise ValueError(f"name_or_path {self.name_or_path!r}: no such directory (relative to the workspace)")
+        if self.kind == "embedded" and (self.lora is not None or self.chat_template):
+            raise ValueError("lora and chat_template are for pretrained policies (kind = 'hf')")
         return self
 
 
@@ -515,6 +578,7 @@ class WorkspaceConfig(_Section):
     gates: GatesConfig = GatesConfig()
     coach: CoachConfig = CoachConfig()
     bench: BenchConfig = BenchConfig()
+    tracking: TrackingConfig = TrackingConfig()
 
     @field_validator("recipe")
     @classmethod
@@ -530,6 +594,34 @@ class WorkspaceConfig(_Section):
                 f"{domain.name!r}; allowed: {', '.join(allowed)}"
             )
         return recipe
+
+    @model_validator(mode="after")
+    def _policy_fits_domain(self) -> WorkspaceConfig:
+        policy, domain = self.policy, self.domain
+        if policy.chat_template and domain.name == "swe":
+            raise ValueError(
+                "policy.chat_template: the swe domain plays multi-turn episodes as plain text; "
+                "set chat_template = false"
+            )
+        asked = "steps" in policy.warmup.model_fields_set
+        if policy.pretrained is not None and asked and domain.name == "dataset" and domain.completion_field is None:
+            raise ValueError(
+                "policy.warmup.steps: a pretrained policy is warmed up on reference completions; set "
+                "domain.completion_field, or remove [policy.warmup] steps to start from the model as it is"
+            )
+        return self
+
+
+    @property
+    def warmup_steps(self) -> int:
+        """Supervised warm-up steps of v0: the embedded policy's always; a pretrained policy's only on a
+        dataset with reference completions whose `[policy.warmup] steps` is written out (else 0: v0 is
+        the model as it is)."""
+        policy, domain = self.policy, self.domain
+        if policy.pretrained is None:
+            return policy.warmup.steps
+        asked = "steps" in policy.warmup.model_fields_set
+        return policy.warmup.steps if asked and getattr(domain, "completion_field", None) else 0
 
 
 class WorkspaceConfigError(Exception):

@@ -153,7 +153,7 @@ class Engine:
         return best_version(self.store.list_versions())
 
     def ensure_base(self, progress: ProgressFn | None = None, layers: Layers = None) -> VersionRecord:
-        """v0: the embedded policy after its warm-up (or the configured local model), evaluated."""
+        """v0: the embedded policy after its warm-up (or the configured pretrained model), evaluated."""
         base = self.store.get_version(BASE)
         if base is not None and base.state == "promoted" and base.checkpoint:
             return base
@@ -162,9 +162,9 @@ class Engine:
             self.store.add_version(BASE, None, self.tree.branch(BASE), sha)
             self.store.add_event("version_created", {"parent": None}, version=BASE)
         config = self.version_config(BASE)
-        model_in = config.policy.path if config.policy.kind == "local" else None
         out = self.workspace.model_dir(BASE)
-        self.execute(BASE, "warmup", config, model_in=model_in, model_out=out, progress=progress, layers=layers)
+        # The worker reads the policy's source from the config (a Hub id is not a path).
+        self.execute(BASE, "warmup", config, model_in=None, model_out=out, progress=progress, layers=layers)
         self.store.update_version(BASE, checkpoint=str(out.relative_to(self.workspace.root)))
         self.decide(BASE, "promoted", "base policy")
         record = self.store.get_version(BASE)

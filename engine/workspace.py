@@ -17,12 +17,15 @@ from pathlib import Path
 
 import engine
 from engine.config import CONFIG_FILE, WorkspaceConfig, load_config
+from engine.domains import make_domain
 from engine.versions import VersionTree
 
 STATE_DIR = ".evotrainer"
 #: "sample" is the math workspace; the others are the same workspace with the `workspace.toml`
 #: of `variants/<name>.toml` (another domain, sized to train on this kind of machine).
-TEMPLATES = ("sample", "code", "swe")
+TEMPLATES = ("sample", "code", "swe", "dataset")
+#: Where the dataset template's data and model go in a new workspace (the model is not versioned).
+DATA_DIR, MODEL_DIR = "data", "model"
 VARIANTS_DIR = "variants"
 
 
@@ -58,7 +61,13 @@ class Workspace:
         return self.models_dir / version
 
     def load_config(self) -> WorkspaceConfig:
-        return load_config(self.root)
+        config = load_config(self.root)
+        if config.domain.name == "dataset":
+            # The user's data is part of the workspace: reading and checking it here makes a bad
+            # row fail when the workspace opens (a DatasetError naming file, line and field),
+            # not halfway through the first run.
+            make_domain(config.domain, self.root)
+        return config
 
     @classmethod
     def open(cls, root: Path | str) -> Workspace:
@@ -79,6 +88,22 @@ def template_dir(name: str) -> Path:
     raise WorkspaceError(f"template {name!r} is missing from this installation ({package})")
 
 
+def _dataset_template(source: Path, dest: Path) -> None:
+    """The dataset template's files: its JSONL under data/, and a small Hugging Face model built
+    here (random weights, a BPE tokenizer trained on the data, a chat template) under model/."""
+    import json
+
+    from engine.policy.scratch import build_scratch_model
+
+    shutil.copytree(source, dest / DATA_DIR, dirs_exist_ok=True)
+    texts = []
+    for file in sorted((dest / DATA_DIR).glob("*.jsonl")):
+        for line in file.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            texts += [row["prompt"], row["solution"]]
+    build_scratch_model(dest / MODEL_DIR, texts)
+
+
 def init_workspace(dest: Path | str, template: str = "sample") -> Workspace:
     """Copy a template into `dest` (new or empty) and make it its own git repository."""
     dest = Path(dest).expanduser().resolve()
@@ -92,10 +117,13 @@ def init_workspace(dest: Path | str, template: str = "sample") -> Workspace:
         if not variant.is_file():
             raise WorkspaceError(f"template {template!r} is missing from this installation ({variant})")
         shutil.copyfile(variant, dest / CONFIG_FILE)
+    ignored = [f"{STATE_DIR}/"]
+    if template == "dataset":
+        _dataset_template(source / VARIANTS_DIR / "dataset", dest)
+        ignored.append(f"{MODEL_DIR}/")
     gitignore = dest / ".gitignore"
     lines = gitignore.read_text().splitlines() if gitignore.exists() else []
-    if f"{STATE_DIR}/" not in lines:
-        gitignore.write_text("\n".join([*lines, f"{STATE_DIR}/", ""]))
+    gitignore.write_text("\n".join([*lines, *(entry for entry in ignored if entry not in lines), ""]))
     workspace = Workspace(dest)
     workspace.load_config()  # a template that does not validate must not become a workspace
     VersionTree.init(dest, message=f"Create workspace from template '{template}'")

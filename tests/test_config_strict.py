@@ -177,6 +177,8 @@ def test_a_file_that_is_not_utf8_names_the_file_the_line_and_the_byte(tmp_path: 
 def test_the_sample_and_its_variants_validate() -> None:
     sample = template_dir("sample")
     for path in [sample / CONFIG_FILE, *sorted((sample / "variants").glob("*.toml"))]:
+        if path.stem == "dataset":
+            continue  # its data and model exist only in a workspace: tests/test_hf_policy.py inits one
         parse_config(path.read_text(encoding="utf-8"), path, root=sample)
 
 

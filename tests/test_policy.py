@@ -6,7 +6,8 @@ import torch
 
 from engine.config import EmbeddedPolicyConfig, MathDomainConfig, WarmupConfig
 from engine.domains import make_domain
-from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
+from engine.policy.pretrained import load_policy, save_policy
+from engine.policy.tiny import build_tiny_policy, warmup_policy
 from engine.runs.evaluate import generate
 
 SMALL = EmbeddedPolicyConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from engine.core import Engine, RunFailed
-from engine.policy.tiny import load_policy
+from engine.policy.pretrained import POINTER_FILE, load_policy
 from engine.runs.artifacts import EVENTS_FILE
 from engine.runs.runner import LocalRunner
 from engine.runs.spec import RunSpec
@@ -112,7 +112,8 @@ def _dead_pid() -> int:
 
 def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) -> None:
     from engine.domains import make_domain
-    from engine.policy.tiny import build_tiny_policy, save_policy
+    from engine.policy.pretrained import save_policy
+    from engine.policy.tiny import build_tiny_policy
 
     config = tiny_workspace.load_config()
     model, tokenizer = build_tiny_policy(config.policy.embedded, make_domain(config.domain), seed=5)
@@ -126,6 +127,11 @@ def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) 
         # No warm-up ran: the only metrics are the evaluation's, at step 0.
         assert engine.store.query("SELECT DISTINCT step FROM metrics WHERE run_id = ?", [run.id]) == [(0,)]
     assert v0.val_n == config.domain.val_size
+    # v0 points at the model; the weights are not copied into the workspace.
+    assert json.loads((tiny_workspace.root / (v0.checkpoint or "") / POINTER_FILE).read_text())["name_or_path"] == str(
+        tiny_workspace.root / "my-model"
+    )
+    assert not list((tiny_workspace.root / (v0.checkpoint or "")).glob("*.safetensors"))
     reloaded, _ = load_policy(tiny_workspace.root / (v0.checkpoint or ""))
     assert reloaded.num_parameters() == model.num_parameters()
 

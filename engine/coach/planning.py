@@ -120,7 +120,8 @@ class Planner:
         factors: set[str] = set()
         for iv in proposals.interventions:
             try:
-                text, config = apply(iv, parent_text, Path(f"{rnd.parent}+{iv.template or 'model'}:{CONFIG_FILE}"))
+                source = Path(f"{rnd.parent}+{iv.template or 'model'}:{CONFIG_FILE}")
+                text, config = apply(iv, parent_text, source, self.engine.workspace.root)
             except InterventionError as exc:
                 self.emit("refused", str(exc), round=rnd.id)
                 continue

@@ -11,12 +11,9 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -26,6 +23,7 @@ from transformers import (
 from engine.config import EmbeddedPolicyConfig, WarmupConfig
 from engine.domains import Domain, Task
 from engine.domains.base import is_agentic
+from engine.policy.pretrained import PromptFormat
 from engine.policy.tokenizer import build_char_tokenizer
 
 
@@ -60,21 +58,6 @@ def build_tiny_policy(
     return model, tokenizer
 
 
-def load_policy(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    return model, tokenizer
-
-
-def save_policy(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-
-
 @dataclass(frozen=True)
 class WarmupStats:
     steps: int
@@ -83,14 +66,14 @@ class WarmupStats:
 
 
 def _demo_rows(
-    task: Task, domain: Domain, tokenizer: PreTrainedTokenizerBase, rng: random.Random
+    task: Task, domain: Domain, tokenizer: PreTrainedTokenizerBase, rng: random.Random, fmt: PromptFormat
 ) -> tuple[list[int], list[int]]:
     """Token ids of prompt + demonstration, and their labels (-100 where no loss applies).
 
     Single-turn: the completion and EOS are learned. Multi-turn: only the actions are learned;
     the environment's answers are context (as `env_mask` makes them in GRPO), and so is the EOS
     the environment appends after `submit`."""
-    prompt_ids = list(tokenizer(task.prompt)["input_ids"])  # special tokens as TRL's prompts get them
+    prompt_ids = fmt.encode(tokenizer, [task.prompt])[0]  # as TRL's prompts get them
     ids, labels = list(prompt_ids), [-100] * len(prompt_ids)
     if is_agentic(domain):
         for action, observation in domain.demonstration_episode(task, rng):  # type: ignore[attr-defined]
@@ -123,8 +106,11 @@ def warmup_policy(
     domain: Domain,
     config: WarmupConfig,
     on_step: Callable[[int, float], None] | None = None,
+    fmt: PromptFormat | None = None,
 ) -> WarmupStats:
-    """Supervised warm-up on demonstrations of the domain's train split (cosine schedule)."""
+    """Supervised warm-up on demonstrations of the domain's train split (cosine schedule); `fmt`:
+    how prompts are encoded (a pretrained policy's chat template), plain text by default."""
+    fmt = fmt or PromptFormat()
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
     tasks = list(domain.tasks("train"))
@@ -142,14 +128,14 @@ def warmup_policy(
     pool: list[tuple[list[int], list[int]]] = []
     if is_agentic(domain):
         size = min(EPISODE_POOL, config.steps * config.batch_size)
-        pool = [_demo_rows(tasks[rng.randrange(len(tasks))], domain, tokenizer, rng) for _ in range(size)]
+        pool = [_demo_rows(tasks[rng.randrange(len(tasks))], domain, tokenizer, rng, fmt) for _ in range(size)]
     loss_value = float("nan")
     for step in range(config.steps):
         if pool:
             rows = [pool[rng.randrange(len(pool))] for _ in range(config.batch_size)]
         else:  # the tasks first, then their demonstrations: the draws of every earlier v0
             batch = [tasks[rng.randrange(len(tasks))] for _ in range(config.batch_size)]
-            rows = [_demo_rows(task, domain, tokenizer, rng) for task in batch]
+            rows = [_demo_rows(task, domain, tokenizer, rng, fmt) for task in batch]
         input_ids, attention, labels = _batch(rows, tokenizer.pad_token_id)
         loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
         loss.backward()

@@ -18,6 +18,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from engine.config import RecipeConfig
 from engine.domains import Domain, Task, score
 from engine.domains.base import AgenticDomain, is_agentic
+from engine.policy.pretrained import PromptFormat, batch_inputs
 from engine.runs.artifacts import RolloutBatch
 from engine.runs.episodes import add_episode, play, score_episode
 
@@ -49,17 +50,19 @@ def generate(
     do_sample: bool,
     temperature: float = 1.0,
     batch_size: int = 256,
+    fmt: PromptFormat | None = None,
 ) -> list[tuple[str, bool, int]]:
-    """(completion text, truncated, completion length in tokens incl. EOS) per prompt."""
+    """(completion text, truncated, completion length in tokens incl. EOS) per prompt; `fmt`
+    encodes the prompts (plain text by default)."""
+    fmt = fmt or PromptFormat()
     out: list[tuple[str, bool, int]] = []
     eos = tokenizer.eos_token_id
     was_training = model.training
     model.eval()
     for start in range(0, len(prompts), batch_size):
-        chunk = list(prompts[start : start + batch_size])
-        # Special tokens as TRL adds them to GRPO prompts (a BOS for most local models), so that
-        # a version is evaluated on exactly the inputs it trained on.
-        enc = tokenizer(chunk, return_tensors="pt", padding=True).to(model.device)
+        # Encoded as TRL encodes GRPO prompts (special tokens, or the chat template), so that a
+        # version is evaluated on exactly the inputs it trained on.
+        enc = batch_inputs(tokenizer, fmt.encode(tokenizer, prompts[start : start + batch_size]), model.device)
         sampling = (
             {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
             if do_sample
@@ -96,6 +99,7 @@ def evaluate(
     seed: int = 0,
     clean: bool = False,
     split: str = "val",
+    fmt: PromptFormat | None = None,
 ) -> EvalResult:
     """Rollouts of a held-out split, greedy and sampled, each completion (or episode) given
     `max_new_tokens` (None: the policy's whole room). Val: `clean` plays agentic episodes without
@@ -103,7 +107,7 @@ def evaluate(
     tasks = list(domain.tasks(split))
     prompts = [t.prompt for t in tasks]
     if max_new_tokens is None:
-        max_new_tokens = completion_room(model, tokenizer, prompts)
+        max_new_tokens = completion_room(model, tokenizer, prompts, fmt)
     clean = clean or split == "test"
     split = "clean" if clean and split == "val" else split
     greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
@@ -124,11 +128,12 @@ def evaluate(
             clean,
         )
         return EvalResult(greedy, sampled)
-    passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False))]
+    passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False, fmt=fmt))]
     for k in range(sampled_seeds):
         # Fixed seeds: a version is always judged on the same draws.
         torch.manual_seed(seed * 1000 + k)
-        passes.append((sampled, k + 1, generate(model, tokenizer, prompts, max_new_tokens, True, temperature)))
+        outputs = generate(model, tokenizer, prompts, max_new_tokens, True, temperature, fmt=fmt)
+        passes.append((sampled, k + 1, outputs))
     for batch, sample_idx, outputs in passes:
         for i, (task, output) in enumerate(zip(tasks, outputs, strict=True)):
             add_completion(batch, domain, weights, task, output, i, sample_idx)
@@ -139,11 +144,13 @@ def evaluate(
 EVAL_MAX_NEW_TOKENS = 1024
 
 
-def completion_room(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str]) -> int:
+def completion_room(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], fmt: PromptFormat | None = None
+) -> int:
     """The tokens the policy has left after the longest prompt (at most EVAL_MAX_NEW_TOKENS): an
     evaluation budget that no recipe change moves, the same for a version and its parent."""
     context = getattr(model.config, "max_position_embeddings", None) or EVAL_MAX_NEW_TOKENS
-    longest = max((len(ids) for ids in tokenizer(list(prompts))["input_ids"]), default=0)
+    longest = max((len(ids) for ids in (fmt or PromptFormat()).encode(tokenizer, prompts)), default=0)
     return max(1, min(EVAL_MAX_NEW_TOKENS, context - longest))
 
 
@@ -178,6 +185,7 @@ def sample_groups(
     recipe: RecipeConfig,
     steps: int,
     run_id: str,
+    fmt: PromptFormat | None = None,
 ) -> list[RolloutBatch]:
     """What GRPO would see from this policy before it trains: `steps` batches of the recipe's
     shape (`prompts_per_step` train prompts, `num_generations` samples each, at its temperature
@@ -209,7 +217,9 @@ def sample_groups(
                 add_episode(batch, rollout, g, j, total, components, completion)
         else:
             prompts = [t.prompt for t in repeated]
-            outputs = generate(model, tokenizer, prompts, recipe.max_completion_length, True, recipe.temperature)
+            outputs = generate(
+                model, tokenizer, prompts, recipe.max_completion_length, True, recipe.temperature, fmt=fmt
+            )
             for task, output, g, j in zip(repeated, outputs, group_of, sample_of, strict=True):
                 add_completion(batch, domain, recipe.rewards, task, output, g, j)
         out.append(batch)

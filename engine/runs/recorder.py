@@ -22,6 +22,7 @@ from typing import Any
 from engine.domains import Domain, Task, weighted
 from engine.domains.base import is_agentic
 from engine.domains.judge import ClaudeJudge
+from engine.policy.pretrained import PromptFormat
 from engine.runs.artifacts import EventLog, RolloutBatch, write_rollouts
 from engine.runs.episodes import EpisodeRollout, add_episode, play
 
@@ -102,19 +103,21 @@ class RolloutRecorder:
             component = self.domain.reward_components[name]
 
         def reward_fn(
-            prompts: list[str],
-            completions: list[str],
+            prompts: list[Any],
+            completions: list[Any],
             completion_ids: list[list[int]],
             task_id: list[str],
             **kw: Any,
         ) -> list[float]:
+            # A conversational dataset (a chat-template policy) hands over messages: score their text.
+            completions = [PromptFormat.completion_text(c) for c in completions]
             if self.agentic:
                 scores = [float(score_episode(self.episodes[j].episode)) for j in kw["episode_index"]]
             else:
                 scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
             self._pending[name] = scores
             if len(self._pending) == len(self.components):
-                self._flush(prompts, completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
+                self._flush(completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
             return scores
 
         # TRL names the component's metrics (`rewards/<name>/mean`) after the function.
@@ -123,7 +126,6 @@ class RolloutRecorder:
 
     def _flush(
         self,
-        prompts: list[str],
         completions: list[str],
         completion_ids: list[list[int]],
         task_ids: list[str],
@@ -140,15 +142,13 @@ class RolloutRecorder:
                 )
             self._write(batch, step)
             return
-        for i, (prompt, completion, ids, task_id) in enumerate(
-            zip(prompts, completions, completion_ids, task_ids, strict=True)
-        ):
+        for i, (completion, ids, task_id) in enumerate(zip(completions, completion_ids, task_ids, strict=True)):
             components = {name: pending[name][i] for name in self.components}
             batch.group_id.append(i // self.num_generations)
             batch.sample_idx.append(i % self.num_generations)
             batch.task_id.append(task_id)
             batch.subset.append(self._tasks[task_id].subset)
-            batch.prompt.append(prompt)
+            batch.prompt.append(self._tasks[task_id].prompt)  # the task's text, also for a conversation
             batch.completion.append(completion)
             batch.reward.append(weighted(components, self.weights))
             batch.reward_components.append(components)

@@ -20,7 +20,7 @@ class RunSpec(BaseModel):
     version: str
     kind: RunKind
     config: WorkspaceConfig
-    #: Policy to start from; None only for the warm-up of the embedded policy (built in code).
+    #: Checkpoint to start from; None for a warm-up (it builds or loads v0 from `config.policy`).
     model_in: Path | None = None
     #: Where the trained policy (or v0) is saved; None for an eval run.
     model_out: Path | None = None
@@ -36,12 +36,14 @@ class RunSpec(BaseModel):
         if self.kind == "train":
             return self.config.recipe.steps
         if self.kind == "warmup":
-            return self.config.policy.warmup.steps if self.model_in is None else 0
+            return self.config.warmup_steps
         return 0
 
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / SPEC_FILE).write_text(self.model_dump_json(indent=2), encoding="utf-8")
+        # Unset fields stay unset, so that the worker reads the config as the engine does (a
+        # pretrained policy's warm-up runs only when its steps were written out).
+        (run_dir / SPEC_FILE).write_text(self.model_dump_json(indent=2, exclude_unset=True), encoding="utf-8")
 
     @classmethod
     def load(cls, run_dir: Path) -> RunSpec:

@@ -21,7 +21,16 @@ from trl import GRPOConfig, GRPOTrainer
 
 from engine.config import DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
-from engine.policy.tiny import build_tiny_policy, load_policy, save_policy, warmup_policy
+from engine.policy.pretrained import (
+    PromptFormat,
+    is_adapter,
+    load_model,
+    load_policy,
+    peft_config,
+    save_pointer,
+    save_policy,
+)
+from engine.policy.tiny import build_tiny_policy, warmup_policy
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
 from engine.runs.evaluate import evaluate, sample_groups
 from engine.runs.group_filter import GroupFilter
@@ -53,6 +62,7 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
             seed=cfg.recipe.seed,
             clean=clean,
             split=spec.split,
+            fmt=PromptFormat.of(cfg.policy, domain),
         )
         for batch in (result.greedy, result.sampled):
             file = write_rollouts(run_dir, f"{batch.split}-{batch.decoding}-{step:06d}", batch)
@@ -61,37 +71,49 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
 
 
 def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
-    """Build v0: the embedded policy with its supervised warm-up, or a local model as it is."""
+    """Build v0: the embedded policy with its supervised warm-up, or a pretrained model, warmed up
+    only when asked (`WorkspaceConfig.warmup_steps`; else v0 is a pointer to it, not a copy)."""
     cfg = spec.config
     domain = make_domain(cfg.domain, spec.workspace)
-    if spec.model_in is None:
+    fmt = PromptFormat.of(cfg.policy, domain)
+    assert spec.model_out is not None
+    if cfg.policy.pretrained is None:
         model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain, seed=cfg.policy.warmup.seed)
-        events.write("start", total_steps=cfg.policy.warmup.steps, parameters=model.num_parameters())
-        every = max(1, cfg.policy.warmup.steps // 50)
+    else:
+        model, tokenizer = load_model(cfg.policy.pretrained, cfg.policy.dtype)
+    steps = cfg.warmup_steps
+    events.write("start", total_steps=steps, parameters=model.num_parameters())
+    if steps:
+        every = max(1, steps // 50)
 
         def on_step(step: int, loss: float) -> None:
-            if step % every == 0 or step == cfg.policy.warmup.steps:
+            if step % every == 0 or step == steps:
                 events.write("metrics", step=step, values={"warmup/loss": loss})
 
-        stats = warmup_policy(model, tokenizer, domain, cfg.policy.warmup, on_step=on_step)
+        stats = warmup_policy(model, tokenizer, domain, cfg.policy.warmup, on_step=on_step, fmt=fmt)
         events.write("warmup", steps=stats.steps, final_loss=stats.final_loss, seconds=stats.seconds)
-        final_step = stats.steps
+        save_policy(model, tokenizer, spec.model_out)
     else:
-        model, tokenizer = load_policy(spec.model_in)
-        events.write("start", total_steps=0, parameters=model.num_parameters())
-        final_step = 0
-    assert spec.model_out is not None
-    save_policy(model, tokenizer, spec.model_out)
+        save_pointer(cfg.policy, spec.model_out)
     # What GRPO would see from v0, so that round 1 diagnoses rollouts on every layer.
-    for batch in sample_groups(model, tokenizer, domain, cfg.recipe, cfg.policy.warmup.baseline_steps, spec.run_id):
+    groups = sample_groups(model, tokenizer, domain, cfg.recipe, cfg.policy.warmup.baseline_steps, spec.run_id, fmt)
+    for batch in groups:
         file = write_rollouts(run_dir, f"train-{batch.step:06d}", batch)
         events.write("rollouts", step=batch.step, split="train", file=file, rows=len(batch))
-    _evaluate_and_log(spec, run_dir, events, model, tokenizer, final_step)
+    _evaluate_and_log(spec, run_dir, events, model, tokenizer, steps)
 
 
-def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float]) -> GRPOConfig:
-    """TRL's GRPOConfig for a recipe: fp32, one generation batch per optimizer step, logged every
-    step; on the CPU when no accelerator is present."""
+def grpo_args(
+    recipe: RecipeConfig,
+    output_dir: Path,
+    reward_weights: list[float],
+    report_to: list[str] | None = None,
+    run_name: str | None = None,
+    bf16: bool = False,
+) -> GRPOConfig:
+    """TRL's GRPOConfig for a recipe: fp32 (bf16 for a bfloat16 policy on an accelerator), one
+    generation batch per optimizer step, logged every step (to `report_to`'s trackers too, under
+    `run_name`); on the CPU when no accelerator is present."""
     return GRPOConfig(
         output_dir=str(output_dir),
         max_steps=recipe.steps,
@@ -112,18 +134,34 @@ def grpo_args(recipe: RecipeConfig, output_dir: Path, reward_weights: list[float
         seed=recipe.seed,
         logging_steps=1,
         save_strategy="no",
-        report_to="none",
+        report_to=report_to or "none",
+        run_name=run_name,
         disable_tqdm=True,
-        bf16=False,
+        bf16=bf16 and torch.cuda.is_available(),
         use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=False,
         dataloader_num_workers=0,
     )
 
 
-def grpo_dataset(domain: Domain, data: DataConfig) -> Dataset:
-    """The train split, minus the tasks and subsets `data` leaves out, as a TRL prompt dataset;
-    `task_id` reaches the reward functions."""
+def trackers(report_to: list[str]) -> list[str]:
+    """`[tracking] report_to`, checked against the trackers transformers knows and has installed."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    unknown = [name for name in report_to if name not in INTEGRATION_TO_CALLBACK]
+    if unknown:
+        known = ", ".join(INTEGRATION_TO_CALLBACK)
+        raise ValueError(f"tracking.report_to: unknown tracker(s) {unknown}; known: {known}")
+    missing = [name for name in report_to if name not in get_available_reporting_integrations()]
+    if missing:
+        raise ValueError(f"tracking.report_to: {missing} not installed here; `pip install` the tracker's package")
+    return report_to
+
+
+def grpo_dataset(domain: Domain, data: DataConfig, fmt: PromptFormat | None = None) -> Dataset:
+    """The train split, minus the tasks and subsets `data` leaves out, as a TRL prompt dataset
+    (conversational for a chat-template policy); `task_id` reaches the reward functions."""
+    fmt = fmt or PromptFormat()
     tasks, ids, subsets = domain.tasks("train"), set(data.exclude_tasks), set(data.exclude_subsets)
     tasks = [t for t in tasks if t.task_id not in ids and t.subset not in subsets]
     if not tasks:
@@ -131,15 +169,22 @@ def grpo_dataset(domain: Domain, data: DataConfig) -> Dataset:
             f"data.exclude_tasks ({len(ids)} ids) and data.exclude_subsets ({sorted(subsets)}) leave out all"
             " train tasks: nothing to train on"
         )
-    return Dataset.from_dict({"prompt": [t.prompt for t in tasks], "task_id": [t.task_id for t in tasks]})
+    return Dataset.from_dict(
+        {"prompt": [fmt.dataset_prompt(t.prompt) for t in tasks], "task_id": [t.task_id for t in tasks]}
+    )
 
 
 def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTrainer:
     """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
     assert spec.model_in is not None
-    recipe = spec.config.recipe
-    domain = make_domain(spec.config.domain, spec.workspace)
-    model, tokenizer = load_policy(spec.model_in)
+    cfg = spec.config
+    recipe = cfg.recipe
+    domain = make_domain(cfg.domain, spec.workspace)
+    fmt = PromptFormat.of(cfg.policy, domain)
+    # A child of a LoRA version trains on its parent's adapter; the first LoRA version gets a new one.
+    continues = is_adapter(spec.model_in)
+    model, tokenizer = load_policy(spec.model_in, cfg.policy.dtype, trainable=continues)
+    lora = peft_config(cfg.policy.lora) if cfg.policy.lora is not None and not continues else None
     recorder = RolloutRecorder(
         spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
     )
@@ -147,8 +192,16 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         model=model,
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
-        args=grpo_args(recipe, run_dir / "trainer", recorder.reward_weights),
-        train_dataset=grpo_dataset(domain, spec.config.data),
+        args=grpo_args(
+            recipe,
+            run_dir / "trainer",
+            recorder.reward_weights,
+            report_to=trackers(cfg.tracking.report_to),
+            run_name=spec.run_id,
+            bf16=cfg.policy.dtype == "bfloat16",
+        ),
+        train_dataset=grpo_dataset(domain, cfg.data, fmt),
+        peft_config=lora,
         callbacks=[_EventCallback(spec, run_dir, events, tokenizer), _GuardCallback(recipe, recorder, events)],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
@@ -248,7 +301,7 @@ def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
 
 def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     assert spec.model_in is not None
-    model, tokenizer = load_policy(spec.model_in)
+    model, tokenizer = load_policy(spec.model_in, spec.config.policy.dtype)
     events.write("start", total_steps=0)
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, 0)
 
