@@ -23,7 +23,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from engine.api import queries
-from engine.api.client import EngineClient, EngineError
+from engine.api.client import EngineClient, EngineError, EngineUnavailable
 from engine.coach.gates import Answer, Gate, GateError, nobody
 from engine.coach.gates import auto_approve as auto_approve_gate
 from engine.coach.loop import Coach, CoachEvent
@@ -322,9 +322,23 @@ def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | No
             console.print(_versions_table(rows, [v["name"] for v in rows]))
     except EngineError as exc:
         _fail(exc)
+    except EngineUnavailable as exc:
+        _engine_lost(path, exc)
     except KeyboardInterrupt:
         err.print("[yellow]left[/]: the engine goes on; `evotui status` shows where it is")
         raise typer.Exit(130) from None
+
+
+def _engine_lost(path: Path, exc: EngineUnavailable) -> None:
+    """A client whose engine went away: one line, and how to go on; never a traceback."""
+    root = path.parent.parent  # <workspace>/.evotrainer/engine.sock
+    err.print(
+        f"[bold red]error:[/] the engine of {root} went away ({exc}); "
+        f"`evotui status {root}` shows where its versions are, `evotui run {root}` goes on from there",
+        highlight=False,
+        soft_wrap=True,  # one line, whatever the terminal's width
+    )
+    raise typer.Exit(1)
 
 
 def _answer_gate(workspace: Path, gate_id: str, verb: str, feedback: str = "") -> None:
@@ -563,7 +577,11 @@ def versions_cmd(workspace: WorkspaceArg) -> None:
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except EngineUnavailable as exc:  # any command whose engine died mid-call
+        err.print(f"[bold red]error:[/] {exc}; `evotui status DIR` shows where it is", highlight=False)
+        sys.exit(1)
 
 
 def _print_json(data: object) -> None:

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from engine.workspace import Workspace
@@ -121,3 +123,37 @@ def test_report_and_backtests_on_a_constructed_run(tiny_workspace: Workspace) ->
     assert bad.exit_code == 1 and "unknown reward component(s) ['nope']" in bad.output
     with Engine(tiny_workspace) as engine:
         assert engine.store.query("SELECT kind FROM backtests") == [("reward",)]
+
+
+def test_run_following_an_engine_that_dies_says_so_in_one_line(
+    tiny_workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+    import threading
+
+    from engine.api.protocol import Reply, encode
+    from engine.daemon import SOCKET_FILE
+
+    path = tiny_workspace.state_dir / SOCKET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(1)
+    answers = {"hello": {"workspace": str(tiny_workspace.root), "name": "t", "pid": 1}}
+
+    def engine_that_dies() -> None:  # answers hello, subscribe and start, then is gone
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rb") as lines:
+            for _ in range(3):
+                request = json.loads(lines.readline())
+                conn.sendall(encode(Reply(id=request["id"], ok=True, result=answers.get(request["method"]))))
+
+    thread = threading.Thread(target=engine_that_dies, daemon=True)
+    thread.start()
+    monkeypatch.setattr("evotui.cli.engine_socket", lambda root: path)
+    result = CliRunner().invoke(app, ["run", str(tiny_workspace.root), "--auto-approve", "--versions", "1"])
+    thread.join(10)
+    listener.close()
+    assert result.exit_code == 1 and isinstance(result.exception, SystemExit)
+    assert "went away (the engine closed the connection)" in result.output
+    assert f"evotui run {tiny_workspace.root}" in result.output and "Traceback" not in result.output
