@@ -611,7 +611,6 @@ class WorkspaceConfig(_Section):
             )
         return self
 
-
     @property
     def warmup_steps(self) -> int:
         """Supervised warm-up steps of v0: the embedded policy's always; a pretrained policy's only on a
