@@ -375,23 +375,21 @@ class PolicyConfig(_Section):
 
     @model_validator(mode="after")
     def _source(self, info: ValidationInfo) -> PolicyConfig:
-        root = (info.context or {}).get("root")
         if self.kind == "local":
             if self.path is None:
                 raise ValueError("kind = 'local' needs path = '<a Hugging Face causal-LM directory>'")
-            # A relative path is relative to the workspace, wherever evotui is started from.
-            path = Path(root) / self.path if root is not None else Path(self.path)
-            if not (path / "config.json").is_file():
+            path = _workspace_path(self.path, info)
+            if path is None or not (path / "config.json").is_file():
                 raise ValueError(f"path {str(self.path)!r} is not a Hugging Face model directory (no config.json)")
-            object.__setattr__(self, "path", path.resolve())
+            object.__setattr__(self, "path", path)
         if self.kind == "hf":
             if self.name_or_path is None:
                 raise ValueError("kind = 'hf' needs name_or_path = '<a Hub id or a model directory>'")
-            local = Path(root) / self.name_or_path if root is not None else Path(self.name_or_path)
-            if local.is_dir():
+            local = _workspace_path(Path(self.name_or_path), info)
+            if local is not None and local.is_dir():
                 if not (local / "config.json").is_file():
                     raise ValueError(f"name_or_path {self.name_or_path!r} is a directory without config.json")
-                object.__setattr__(self, "name_or_path", str(local.resolve()))
+                object.__setattr__(self, "name_or_path", str(local))
             elif self.name_or_path.startswith((".", "/", "~")):
                 raise ValueError(f"name_or_path {self.name_or_path!r}: no such directory (relative to the workspace)")
         if self.kind == "embedded" and (self.lora is not None or self.chat_template):
