@@ -441,6 +441,10 @@ class RecipeConfig(_Section):
     seed: int = 0
     scale_rewards: Literal["group", "batch", "none"] = "group"
     eval_every: int = Field(0, ge=0, description="Evaluate on val every K steps (0: only at the end).")
+    save_every: int = Field(
+        25, ge=0, description="Checkpoint (TRL's own) every K steps; an interrupted run resumes from it (0: never)."
+    )
+    keep_checkpoints: int = Field(2, ge=1, description="Checkpoints a run keeps (the latest N).")
     rewards: dict[str, RewardWeight] = Field(
         default_factory=lambda: {"correctness": 1.0, "format": 0.1},
         description="Weight of each named reward component of the domain.",
@@ -564,6 +568,35 @@ class BenchConfig(_Section):
         return value
 
 
+class ComputeConfig(_Section):
+    """`[compute]`: where runs execute (this machine, or a Ray cluster), on how many GPUs, and how
+    GRPO generates (vLLM through TRL, with CUDA). Without CUDA, nothing here changes a run."""
+
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: one worker process per run here; ray: a round's branches as Ray tasks."
+    )
+    address: str | None = Field(
+        None, description='backend = "ray": the cluster (e.g. "auto", "10.0.0.5:6379"; unset: a local one).'
+    )
+    cpus: int = Field(1, ge=1, description="CPUs a run asks for (Ray's num_cpus; torch threads of the worker).")
+    gpus: int = Field(
+        1, ge=0, description="GPUs per run; more than 1 launches the worker through `accelerate launch` (DDP)."
+    )
+    accelerate_config: Path | None = Field(
+        None, strict=False, description="An accelerate config file (FSDP, DeepSpeed) passed to `accelerate launch`."
+    )
+    vllm: Literal["auto", "on", "off"] = Field(
+        "auto", description="Generate with vLLM through TRL: auto uses it when CUDA and vllm are both present."
+    )
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate", description="colocate: vLLM shares the training GPUs; server: a `trl vllm-serve` process."
+    )
+    vllm_server_host: str = "127.0.0.1"
+    vllm_server_port: int = Field(8000, ge=1, le=65535)
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: vLLM's share of GPU memory.")
+    max_retries: int = Field(1, ge=0, description="Ray: times a branch whose worker died is retried (it resumes).")
+
+
 class WorkspaceConfig(_Section):
     workspace: WorkspaceMeta
     domain: DomainConfig = MathDomainConfig()
@@ -577,6 +610,7 @@ class WorkspaceConfig(_Section):
     coach: CoachConfig = CoachConfig()
     bench: BenchConfig = BenchConfig()
     tracking: TrackingConfig = TrackingConfig()
+    compute: ComputeConfig = ComputeConfig()
 
     @field_validator("recipe")
     @classmethod

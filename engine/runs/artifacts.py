@@ -125,7 +125,11 @@ class EventLog:
 
     def __init__(self, path: Path):
         self.path = path
+        # A worker killed mid-line left half an event: end it, so the next event stays whole.
+        torn = path.exists() and path.stat().st_size and path.read_bytes()[-1:] != b"\n"
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if torn:
+            self._fh.write("\n")
 
     def write(self, type: str, **payload: Any) -> None:
         record = {"type": type, "ts": time.time(), **payload}

@@ -129,6 +129,19 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[None]:
+        """One unit of writes; a transaction inside another joins it (it commits with the outer one)."""
+        if getattr(self, "_in_transaction", False):
+            yield
+            return
+        self._in_transaction = True
+        try:
+            with self._transaction():
+                yield
+        finally:
+            self._in_transaction = False
+
+    @contextmanager
+    def _transaction(self) -> Iterator[None]:
         self.con.execute("BEGIN TRANSACTION")
         try:
             yield
