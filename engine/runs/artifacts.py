@@ -126,7 +126,7 @@ class EventLog:
     def __init__(self, path: Path):
         self.path = path
         # A worker killed mid-line left half an event: end it, so the next event stays whole.
-        torn = path.exists() and path.stat().st_size and path.read_bytes()[-1:] != b"\n"
+        torn = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if torn:
             self._fh.write("\n")
@@ -138,6 +138,12 @@ class EventLog:
 
     def close(self) -> None:
         self._fh.close()
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as fh:
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1)
 
 
 def _jsonable(value: Any) -> Any:
