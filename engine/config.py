@@ -594,7 +594,12 @@ class ComputeConfig(_Section):
     vllm_server_host: str = "127.0.0.1"
     vllm_server_port: int = Field(8000, ge=1, le=65535)
     vllm_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="colocate: vLLM's share of GPU memory.")
-    max_retries: int = Field(1, ge=0, description="Ray: times a branch whose worker died is retried (it resumes).")
+    max_retries: int = Field(1, ge=0, description="Times a run whose worker died is started again (it resumes).")
+
+    @field_validator("accelerate_config")
+    @classmethod
+    def _relative_to_workspace(cls, value: Path | None, info: ValidationInfo) -> Path | None:
+        return _workspace_path(value, info)
 
 
 class WorkspaceConfig(_Section):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -121,10 +121,14 @@ def write_rollouts(run_dir: Path, name: str, batch: RolloutBatch) -> str:
 
 
 class EventLog:
-    """Append-only JSON-lines writer; every event is flushed so the engine can follow along."""
+    """Append-only JSON-lines writer; every event is flushed so the engine can follow along.
+    Without a path (a rank other than 0 of a multi-GPU run), events are dropped."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path | None):
         self.path = path
+        if path is None:
+            self._fh: IO[str] = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 - closed in close()
+            return
         # A worker killed mid-line left half an event: end it, so the next event stays whole.
         torn = path.exists() and path.stat().st_size > 0 and _last_byte(path) != b"\n"
         self._fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()

@@ -159,9 +159,11 @@ class RolloutRecorder:
 
     def _write(self, batch: RolloutBatch, step: int) -> None:
         self.last_batch = batch
-        file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         # Taken every batch, so a tally never spills into the next step's.
         judge = self.judge.take_tally().metrics() if self.judge is not None else {}
+        if self.events is not None and self.events.path is None:
+            return  # a rank other than 0 of a multi-GPU run: rank 0 records (its share of the batch)
+        file = write_rollouts(self.run_dir, f"train-{step:06d}", batch)
         if self.events is not None:
             self.events.write("rollouts", step=step, split="train", file=file, rows=len(batch))
             if judge:

@@ -8,6 +8,7 @@ or evaluates, and reports only through files in RUN_DIR (see `engine.runs.artifa
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -17,8 +18,10 @@ import numpy as np
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
+from engine import faults
 from engine.config import DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
 from engine.policy.pretrained import (
@@ -31,12 +34,19 @@ from engine.policy.pretrained import (
     save_policy,
 )
 from engine.policy.tiny import build_tiny_policy, warmup_policy
+from engine.runs import lock
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
 from engine.runs.evaluate import evaluate, sample_groups
 from engine.runs.group_filter import GroupFilter
 from engine.runs.guard import CollapseGuard, step_stats
+from engine.runs.launch import device, generation_args, is_main_process
 from engine.runs.recorder import RolloutRecorder
 from engine.runs.spec import RunSpec
+
+#: Where TRL keeps the run's checkpoints (``checkpoint-STEP``), the points a relaunched worker resumes from.
+TRAINER_DIR = "trainer"
+#: The exit code of a worker that found another worker holding its run (it did nothing).
+EXIT_LOCKED = 75
 
 
 def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
@@ -67,6 +77,7 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
         for batch in (result.greedy, result.sampled):
             file = write_rollouts(run_dir, f"{batch.split}-{batch.decoding}-{step:06d}", batch)
             events.write("rollouts", step=step, split=batch.split, file=file, rows=len(batch))
+            faults.point("eval")
         events.write("metrics", step=step, values=result.metrics)
 
 
@@ -81,6 +92,7 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
         model, tokenizer = build_tiny_policy(cfg.policy.embedded, domain, seed=cfg.policy.warmup.seed)
     else:
         model, tokenizer = load_model(cfg.policy.pretrained, cfg.policy.dtype)
+    model.to(device())
     steps = cfg.warmup_steps
     events.write("start", total_steps=steps, parameters=model.num_parameters())
     if steps:
@@ -89,6 +101,7 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
         def on_step(step: int, loss: float) -> None:
             if step % every == 0 or step == steps:
                 events.write("metrics", step=step, values={"warmup/loss": loss})
+            faults.point("warmup-step")
 
         stats = warmup_policy(model, tokenizer, domain, cfg.policy.warmup, on_step=on_step, fmt=fmt)
         events.write("warmup", steps=stats.steps, final_loss=stats.final_loss, seconds=stats.seconds)
@@ -109,11 +122,13 @@ def grpo_args(
     reward_weights: list[float],
     report_to: list[str] | None = None,
     run_name: str | None = None,
-    bf16: bool = False,
+    machine: dict[str, Any] | None = None,
 ) -> GRPOConfig:
-    """TRL's GRPOConfig for a recipe: fp32 (bf16 for a bfloat16 policy on an accelerator), one
-    generation batch per optimizer step, logged every step (to `report_to`'s trackers too, under
-    `run_name`); on the CPU when no accelerator is present."""
+    """TRL's GRPOConfig for a recipe: one generation batch per optimizer step, logged every step
+    (to `report_to`'s trackers too, under `run_name`), checkpointed every `save_every` steps; on
+    the machine `machine` describes (`launch.generation_args`: the CPU in float32 when left out,
+    else CUDA with bf16 and vLLM generation where they apply)."""
+    machine = machine or {"use_cpu": True, "bf16": False, "use_vllm": False}
     return GRPOConfig(
         output_dir=str(output_dir),
         max_steps=recipe.steps,
@@ -133,14 +148,17 @@ def grpo_args(
         reward_weights=reward_weights,
         seed=recipe.seed,
         logging_steps=1,
-        save_strategy="no",
+        # TRL's own checkpoints (model, optimizer, scheduler, RNG, trainer state): a relaunched
+        # worker resumes from the latest (`run_train`).
+        save_strategy="steps" if recipe.save_every else "no",
+        save_steps=recipe.save_every or 500,
+        save_total_limit=recipe.keep_checkpoints,
         report_to=report_to or "none",
         run_name=run_name,
         disable_tqdm=True,
-        bf16=bf16 and torch.cuda.is_available(),
-        use_cpu=not torch.cuda.is_available(),
         gradient_checkpointing=False,
         dataloader_num_workers=0,
+        **machine,
     )
 
 
@@ -194,11 +212,11 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         reward_funcs=recorder.reward_functions(),
         args=grpo_args(
             recipe,
-            run_dir / "trainer",
+            run_dir / TRAINER_DIR,
             recorder.reward_weights,
             report_to=trackers(cfg.tracking.report_to),
             run_name=spec.run_id,
-            bf16=cfg.policy.dtype == "bfloat16",
+            machine=generation_args(cfg.compute, cfg.policy.dtype),
         ),
         train_dataset=grpo_dataset(domain, cfg.data, fmt),
         peft_config=lora,
@@ -262,8 +280,15 @@ class _EventCallback(TrainerCallback):
             self.events.write("metrics", step=state.global_step, values=values)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
+        faults.point("grpo-step")  # before this step's checkpoint is saved
         every = self.spec.config.recipe.eval_every
-        if every and state.global_step % every == 0 and state.global_step < state.max_steps and model is not None:
+        if (
+            every
+            and state.is_world_process_zero
+            and state.global_step % every == 0
+            and state.global_step < state.max_steps
+            and model is not None
+        ):
             _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, state.global_step)
 
 
@@ -290,18 +315,33 @@ class _GuardCallback(TrainerCallback):
             control.should_training_stop = True
 
 
-def run_train(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
+def run_train(spec: RunSpec, run_dir: Path, events: EventLog, resuming: bool = False) -> None:
+    """GRPO from the spec's checkpoint; a relaunched worker (`resuming`) goes on from TRL's latest
+    checkpoint of this run, and says from which step in a `resume` event (-1: from the start)."""
     assert spec.model_in is not None and spec.model_out is not None
+    # Every rank resumes from the same checkpoint (a fresh run has none); rank 0 says so.
+    checkpoint = get_last_checkpoint(str(run_dir / TRAINER_DIR)) if (run_dir / TRAINER_DIR).is_dir() else None
+    step = int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else -1
+    final = step >= spec.config.recipe.steps
+    if resuming:
+        events.write("resume", step=step, final=final)
     trainer = build_grpo_trainer(spec, run_dir, events)
-    trainer.train()
+    if final:  # trained to the end before: the weights, and on to the evaluation
+        trainer._load_from_checkpoint(checkpoint)
+    else:
+        trainer.train(resume_from_checkpoint=checkpoint)
+        step = trainer.state.global_step
+    if not is_main_process():
+        return
     save_policy(trainer.model, trainer.processing_class, spec.model_out)
-    events.write("checkpoint", path=str(spec.model_out), step=trainer.state.global_step)
-    _evaluate_and_log(spec, run_dir, events, trainer.model, trainer.processing_class, trainer.state.global_step)
+    events.write("checkpoint", path=str(spec.model_out), step=step)
+    _evaluate_and_log(spec, run_dir, events, trainer.model, trainer.processing_class, step)
 
 
 def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     assert spec.model_in is not None
     model, tokenizer = load_policy(spec.model_in, spec.config.policy.dtype)
+    model.to(device())
     events.write("start", total_steps=0)
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, 0)
 
@@ -313,11 +353,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run_dir = Path(argv[0])
     spec = RunSpec.load(run_dir)
-    events = EventLog(run_dir / EVENTS_FILE)
+    main_rank = is_main_process()  # several GPUs: rank 0 holds the run and writes what it records
+    try:
+        held = lock.acquire(run_dir) if main_rank else None  # noqa: F841 - held until this process exits
+    except lock.RunLocked as exc:
+        print(f"{exc}: not starting a second one", file=sys.stderr)
+        return EXIT_LOCKED
+    # An earlier worker of this run was stopped before its end: its events stand (the engine may
+    # have ingested them); what this one redoes is announced by a `resume` event.
+    path = run_dir / EVENTS_FILE
+    resuming = path.exists() and path.stat().st_size > 0
+    events = EventLog(path if main_rank else None)
     try:
         if spec.threads:
             torch.set_num_threads(spec.threads)
-        {"warmup": run_warmup, "train": run_train, "eval": run_eval}[spec.kind](spec, run_dir, events)
+        if spec.kind == "train":
+            run_train(spec, run_dir, events, resuming)
+        else:
+            if resuming:  # a warm-up or an evaluation is redone whole
+                events.write("resume", step=-1, final=False)
+            {"warmup": run_warmup, "eval": run_eval}[spec.kind](spec, run_dir, events)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the engine as an event
         tail = "".join(traceback.format_exception(exc))[-4000:]
         events.write("error", message=f"{type(exc).__name__}: {exc}", traceback=tail)
@@ -326,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     events.write("end", status="succeeded")
     events.close()
+    if main_rank:  # the run's resume points are spent: the trained policy is in spec.model_out
+        shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)
     return 0
 
 

@@ -309,6 +309,32 @@ class Store:
         )
         return int(row[0]) if row else 0
 
+    def record_case(self, version: str, case: dict[str, Any], decision: str, outcome: str) -> None:
+        """A branch's case for the case memory (`case`: signature, domain, parent, kind, template,
+        factor, verdict); recorded again, it replaces the row."""
+        columns = ("signature", "domain", "parent", "kind", "template", "factor", "verdict")
+        self.con.execute(
+            f"INSERT OR REPLACE INTO cases (id, {', '.join(columns)}, decision, outcome)"
+            f" VALUES (?, {', '.join('?' * len(columns))}, ?, ?)",
+            [version, *(case.get(c) for c in columns), decision, outcome],
+        )
+
+    def forget_after(self, run_id: str, step: int, final: bool = False) -> None:
+        """A run resumed from its checkpoint at `step` (-1: from the start) redoes what came
+        after: its metrics and rollouts past `step` go, with the record of their files (and with
+        `final`, the evaluation at `step` itself, which ran after that checkpoint)."""
+        redone = "({at} > $step OR ($final AND {at} = $step AND NOT {train}))"
+        # A rollout file is named ``rollouts/SPLIT-...-STEP.parquet`` (`artifacts.write_rollouts`).
+        file_step = r"CAST(regexp_extract(file, '(\d+)\.parquet$', 1) AS INTEGER)"
+        for sql in (
+            "DELETE FROM metrics WHERE run_id = $run AND step > $step",
+            "DELETE FROM rollouts WHERE run_id = $run AND " + redone.format(at="step", train="split = 'train'"),
+            "DELETE FROM ingested_files WHERE run_id = $run AND "
+            + redone.format(at=file_step, train="starts_with(file, 'rollouts/train-')"),
+        ):
+            params = {"run": run_id, "step": step, "final": final}
+            self.con.execute(sql, {k: v for k, v in params.items() if f"${k}" in sql})
+
     def count_rollouts(self, run_id: str | None = None, split: str | None = None) -> int:
         conds, params = [], []
         if run_id is not None:

@@ -1,0 +1,34 @@
+"""Kill points for crash tests: a process dies by SIGKILL at a named point of its work.
+
+``EVOTUI_KILL_AT=NAME[:N]`` kills the process the N-th time (default: the first) it reaches
+``point(NAME)``; with ``EVOTUI_KILL_ONCE=FILE`` it happens once across processes (the file is
+created before the kill, so a relaunched process goes on). Unset, `point` costs one lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+_reached: Counter[str] = Counter()
+
+
+def point(name: str) -> None:
+    spec = os.environ.get("EVOTUI_KILL_AT")
+    if not spec:
+        return
+    wanted, _, nth = spec.partition(":")
+    if wanted != name:
+        return
+    _reached[name] += 1
+    if _reached[name] != int(nth or 1):
+        return
+    once = os.environ.get("EVOTUI_KILL_ONCE")
+    if once:
+        try:
+            Path(once).touch(exist_ok=False)
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
