@@ -9,8 +9,6 @@ run is diagnosed with, the progress callback) is an argument, never state set fr
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterable
@@ -21,12 +19,14 @@ from typing import Any, Literal
 
 import tomli_w
 
+from engine import faults
 from engine.config import CONFIG_FILE, WorkspaceConfig, decode_config, parse_config
 from engine.harness.diagnose import Diagnosis, diagnose, load_diagnosis, store_diagnosis
 from engine.harness.loader import Harness, Layers, load_harness
-from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
+from engine.runs import lock
+from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, SPEC_FILE, read_events
 from engine.runs.ingest import ingest_run
-from engine.runs.runner import LocalRunner, Runner
+from engine.runs.runner import AttachedWorker, RunHandle, Runner, make_runner
 from engine.runs.spec import RunKind, RunSpec
 from engine.store import RunRecord, Store, VersionRecord
 from engine.verdict import Scores, Verdict, clean_split, compare_runs, split_scores
@@ -34,6 +34,8 @@ from engine.versions import DECISIONS, VersionTree
 from engine.workspace import Workspace
 
 BASE = "v0"
+#: Run states of a run that has not ended: it is followed, or taken up again, until it does.
+UNFINISHED = ("queued", "running", "interrupted")
 VERSION_FILE = "version.toml"
 
 
@@ -92,7 +94,7 @@ class Engine:
         self.config = workspace.load_config()
         self.tree = VersionTree(workspace.root)
         self.store = Store(workspace.db_path)
-        self.runner = runner or LocalRunner()
+        self.runner = runner or make_runner(self.config.compute)
         self.poll_seconds = poll_seconds
         #: Set from another thread (the daemon shutting down) to interrupt the run being followed.
         self.stop_requested = threading.Event()
@@ -122,16 +124,25 @@ class Engine:
 
     # -- recovery -----------------------------------------------------------------------------
     def recover(self) -> None:
-        """Runs left 'running' by an engine that died: ingest what they wrote, then settle them."""
+        """Settle what an engine that died left behind: runs it followed (ingest what they wrote;
+        one whose worker still runs is left to be re-attached to, one whose worker died before
+        its end is `interrupted`, to be resumed), versions whose training ended unseen, and
+        decisions it had begun."""
         for run in self.store.list_runs():
-            if run.state not in ("running", "queued"):
-                continue
-            if run.pid and _alive(run.pid):
+            if run.state not in ("running", "queued") or lock.holder(Path(run.run_dir)) is not None:
                 continue
             ingest_run(self.store, run.id, Path(run.run_dir))
-            settled = self._finish_run(run.id, returncode=None)
-            if settled.state == "succeeded" and settled.kind == "train":
-                self._complete_training(settled)
+            if _outcome(Path(run.run_dir)) is None:
+                self._interrupt_run(run.id, "interrupted: its worker stopped while no engine watched")
+            else:
+                self._finish_run(run.id, returncode=None)
+        for version in self.store.list_versions():
+            run = self.train_run(version.name) if version.state == "training" else None
+            if run is not None:  # trained while no engine watched, or before it could say so
+                self._complete_training(run)
+                if load_diagnosis(self.store, run.id) is None:
+                    self.diagnose_run(run)
+        self._redo_decisions()
 
     # -- versions -----------------------------------------------------------------------------
     def config_text(self, version: str) -> str:
@@ -163,8 +174,10 @@ class Engine:
             self.store.add_event("version_created", {"parent": None}, version=BASE)
         config = self.version_config(BASE)
         out = self.workspace.model_dir(BASE)
-        # The worker reads the policy's source from the config (a Hub id is not a path).
-        self.execute(BASE, "warmup", config, model_in=None, model_out=out, progress=progress, layers=layers)
+        # The worker reads the policy's source from the config (a Hub id is not a path). A warm-up
+        # that ended before an engine could promote v0 is not run again.
+        if not any(r.kind == "warmup" and r.state == "succeeded" for r in self.store.list_runs(BASE)):
+            self.execute(BASE, "warmup", config, model_in=None, model_out=out, progress=progress, layers=layers)
         self.store.update_version(BASE, checkpoint=str(out.relative_to(self.workspace.root)))
         self.decide(BASE, "promoted", "base policy")
         record = self.store.get_version(BASE)
@@ -259,17 +272,40 @@ class Engine:
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict
 
-    def decide(self, version: str, decision: str, reason: str) -> None:
+    def decide(self, version: str, decision: str, reason: str, case: dict[str, Any] | None = None) -> None:
+        """Record a decision as one unit: the version tree's tag, the version's state, the event
+        and the branch's `case` for the case memory (see `Store.record_case`). Its intent is
+        stored first, so that an engine killed half-way redoes the rest on its next open."""
         if decision not in DECISIONS:
             raise ValueError(f"decision must be one of {', '.join(DECISIONS)}, not {decision!r}")
         recorded = self.tree.decision(version)
-        if recorded is None:
-            self.tree.decide(decision, version, reason)
-        elif recorded[0] != decision:
+        if recorded is not None and recorded[0] != decision:
             raise ValueError(f"{version} is already {recorded[0]} in the version tree")
-        # else: tagged before the store caught up (an engine that stopped in between)
-        self.store.update_version(version, state=decision, decision_reason=reason, decided_at=_now())
-        self.store.add_event("decision", {"decision": decision, "reason": reason}, version=version)
+        self.store.add_event("decision_intent", {"decision": decision, "reason": reason, "case": case}, version=version)
+        self._apply_decision(version, decision, reason, case)
+
+    def _apply_decision(self, version: str, decision: str, reason: str, case: dict[str, Any] | None) -> None:
+        if self.tree.decision(version) is None:  # else: tagged by an engine that stopped after it
+            self.tree.decide(decision, version, reason)
+        faults.point("decision-tag")
+        with self.store.transaction():
+            self.store.update_version(version, state=decision, decision_reason=reason, decided_at=_now())
+            self.store.add_event("decision", {"decision": decision, "reason": reason}, version=version)
+            if case is not None:
+                self.store.record_case(version, case, decision, reason)
+
+    def _redo_decisions(self) -> None:
+        """Decisions whose intent was stored but whose version does not hold them yet."""
+        rows = self.store.query(
+            """WITH latest AS (
+                   SELECT version, payload FROM events WHERE kind = 'decision_intent'
+                   QUALIFY row_number() OVER (PARTITION BY version ORDER BY id DESC) = 1)
+               SELECT l.version, l.payload FROM latest l JOIN versions v ON v.name = l.version
+               WHERE v.state <> l.payload->>'decision'"""
+        )
+        for version, payload in rows:
+            intent = json.loads(payload)
+            self._apply_decision(version, intent["decision"], intent["reason"], intent.get("case"))
 
     def eval_run(self, version: str) -> RunRecord | None:
         """The version's latest succeeded run that evaluated it on val."""
@@ -311,58 +347,112 @@ class Engine:
         layers: Layers = None,
         split: Literal["val", "test"] = "val",
     ) -> RunRecord:
-        """Launch a worker for one run and follow it to the end, then diagnose it with the harness
-        `layers` (None: all); raises RunFailed if it fails. An eval run of the test split is not
-        diagnosed: nothing that decides reads test."""
-        run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
-        run_dir = self.workspace.runs_dir / run_id
-        spec = RunSpec(
-            run_id=run_id,
-            version=version,
-            kind=kind,
-            config=config,
-            model_in=model_in,
-            model_out=model_out,
-            workspace=self.workspace.root,
-            split=split,
-        )
-        spec.save(run_dir)
-        self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
-        handle = self.runner.start(run_dir)
-        self.store.update_run(run_id, state="running", pid=handle.pid, started_at=_now())
-        self.store.add_event("run_started", {"kind": kind, "pid": handle.pid}, run_id=run_id, version=version)
-        update = RunUpdate(run_id, version, kind, "running", total_steps=spec.total_steps)
-        try:
-            while True:
-                # Waiting on the process (not sleeping) notices its exit at once.
-                try:
-                    returncode: int | None = handle.wait(timeout=self.poll_seconds)
-                except subprocess.TimeoutExpired:
-                    returncode = None
-                self._follow(run_id, run_dir, update, progress)
-                if returncode is not None:
-                    break
-                if self.stop_requested.is_set():
-                    raise KeyboardInterrupt("the engine is stopping")
-        except BaseException:
-            # Interrupted (Ctrl-C) or the engine itself failed: the worker must not outlive the run.
-            _kill_group(handle.pid)
-            handle.wait()
-            self._follow(run_id, run_dir, update, progress)
-            self._finish_run(run_id, returncode=None, reason="interrupted: the engine stopped following this run")
-            raise
-        run = self._finish_run(run_id, returncode)
+        """Run one run to its end and diagnose it with the harness `layers` (None: all); raises
+        RunFailed if it fails. An unfinished run of the same version, kind and split (its engine
+        stopped or died) is taken up rather than begun again: its live worker re-attached to, or
+        a new one started that resumes it. An eval run of the test split is not diagnosed:
+        nothing that decides reads test."""
+        run = self._unfinished_run(version, kind, split)
+        if run is None:
+            run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
+            run_dir = self.workspace.runs_dir / run_id
+            spec = RunSpec(
+                run_id=run_id,
+                version=version,
+                kind=kind,
+                config=config,
+                model_in=model_in,
+                model_out=model_out,
+                workspace=self.workspace.root,
+                split=split,
+            )
+            spec.save(run_dir)
+            self.store.add_run(
+                run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps
+            )
+            run = self.store.get_run(run_id)
+            assert run is not None
+        update = RunUpdate(run.id, version, kind, "running", total_steps=run.total_steps)
+        run = self._run_to_end(run, update, progress)
+        faults.point("run-finished")
         if run.state == "succeeded":
-            self._record_scores(version, run_id)  # a version's score is its latest evaluation
+            self._record_scores(version, run.id)  # a version's score is its latest evaluation
         if split == "val":
             self.diagnose_run(run, layers)
-        update.state = run.state
-        update.error = run.error_tail
+        update.state, update.error = run.state, run.error_tail
         if progress is not None:
             progress(update)
         if run.state != "succeeded":
             raise RunFailed(run)
         return run
+
+    def _unfinished_run(self, version: str, kind: RunKind, split: str) -> RunRecord | None:
+        for run in reversed(self.store.list_runs(version)):
+            if run.kind == kind and run.state in UNFINISHED and (Path(run.run_dir) / SPEC_FILE).exists():
+                if RunSpec.load(Path(run.run_dir)).split == split:
+                    return run
+        return None
+
+    def _run_to_end(self, run: RunRecord, update: RunUpdate, progress: ProgressFn | None) -> RunRecord:
+        """Follow a run's worker until the run ends, starting (or re-attaching to) one first. A
+        worker that dies before its end (killed, out of memory) is started again, up to
+        `[compute] max_retries` times, and resumes the run (a runner that retries on its own,
+        Ray, is left to). Interrupted (Ctrl-C, the engine stopping), the worker is stopped and the
+        run left `interrupted`, to be resumed."""
+        run_dir = Path(run.run_dir)
+        retries = 0 if getattr(self.runner, "retries", False) else self.config.compute.max_retries
+        for attempt in range(retries + 1):
+            handle = self._launch(run, run_dir)
+            try:
+                returncode = self._watch(handle, run.id, run_dir, update, progress)
+            except BaseException:
+                handle.kill()
+                handle.wait()
+                self._follow(run.id, run_dir, update, progress)
+                self._interrupt_run(run.id, "interrupted: the engine stopped following this run")
+                raise
+            ended = _outcome(run_dir) is not None
+            if ended or returncode == 0 or attempt == retries:
+                break
+            reason = getattr(handle, "reason", None) or f"worker exited with code {returncode}"
+            self.store.add_event("run_retried", {"reason": reason, "attempt": attempt + 1}, run_id=run.id)
+        return self._finish_run(run.id, returncode, reason=getattr(handle, "reason", None))
+
+    def _launch(self, run: RunRecord, run_dir: Path) -> RunHandle:
+        """A handle on the run's worker: the live one (of an engine that stopped), or a new one."""
+        holder = lock.holder(run_dir)
+        if holder is not None and holder.pid is not None:
+            handle: RunHandle = AttachedWorker(run_dir, holder.pid)
+            kind = "run_attached"
+        else:
+            handle = self.runner.start(run_dir)
+            kind = "run_started"
+        self.store.update_run(run.id, state="running", pid=handle.pid, started_at=run.started_at or _now())
+        self.store.add_event(kind, {"kind": run.kind, "pid": handle.pid}, run_id=run.id, version=run.version)
+        return handle
+
+    def _watch(
+        self, handle: RunHandle, run_id: str, run_dir: Path, update: RunUpdate, progress: ProgressFn | None
+    ) -> int:
+        while True:
+            # Waiting on the process (not sleeping) notices its exit at once.
+            try:
+                returncode: int | None = handle.wait(timeout=self.poll_seconds)
+            except subprocess.TimeoutExpired:
+                returncode = None
+            self._follow(run_id, run_dir, update, progress)
+            if returncode is not None:
+                return returncode
+            if self.stop_requested.is_set():
+                raise KeyboardInterrupt("the engine is stopping")
+
+    def _interrupt_run(self, run_id: str, reason: str) -> None:
+        """A run stopped before its end, to be resumed: its version stays where it was."""
+        run = self.store.get_run(run_id)
+        assert run is not None
+        with self.store.transaction():
+            self.store.update_run(run_id, state="interrupted", error_tail=reason)
+            self.store.add_event("run_interrupted", {"reason": reason}, run_id=run_id, version=run.version)
 
     def diagnose_run(self, run: RunRecord, layers: Layers = None) -> Diagnosis | None:
         """Run the harness over a finished run and store the diagnosis. A failure here is
@@ -404,7 +494,7 @@ class Engine:
                 ended = event
             elif event.get("type") == "error":
                 error = event
-        succeeded = ended is not None and returncode in (0, None) and reason is None
+        succeeded = ended is not None and returncode in (0, None)
         if succeeded:
             self.store.update_run(run_id, state="succeeded", ended_at=_now())
         else:
@@ -550,18 +640,7 @@ def _now() -> datetime:
     return datetime.now()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _outcome(run_dir: Path) -> str | None:
+    """How a run's worker ended, from its event log: "end", "error", or None (it has not)."""
+    kinds = {e.get("type") for e in read_events(run_dir / EVENTS_FILE, 0)[0]}
+    return "end" if "end" in kinds else "error" if "error" in kinds else None

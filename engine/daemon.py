@@ -111,7 +111,7 @@ async def serve(root: Path, ready: asyncio.Event | None = None, stop: asyncio.Ev
         if service is not None:
             service.job.stop()
             # A run in progress is interrupted the way Ctrl-C interrupts `evotui run`: the worker
-            # is killed and the run marked failed ("interrupted").
+            # is stopped and the run left "interrupted", to be resumed from its last checkpoint.
             engine.stop_requested.set()
             if service.job.thread is not None:
                 service.job.thread.join(timeout=30)

@@ -264,7 +264,7 @@ def run(
     except USER_ERRORS as exc:
         _fail(exc)
     except KeyboardInterrupt:
-        err.print("[yellow]interrupted[/]: the run was stopped and marked failed; nothing else was lost")
+        err.print("[yellow]interrupted[/]: the run was stopped at its last checkpoint; `evotui run` resumes it")
         raise typer.Exit(130) from None
 
 

@@ -59,7 +59,7 @@ def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_works
         assert states == [("warmup", "succeeded"), ("eval", "failed"), ("eval", "succeeded")]
 
 
-def test_runs_left_running_by_a_dead_engine_are_settled_on_open(tiny_workspace: Workspace) -> None:
+def test_runs_left_running_by_a_dead_engine_are_interrupted_on_open(tiny_workspace: Workspace) -> None:
     run_dir = tiny_workspace.runs_dir / "v0-warmup-1"
     run_dir.mkdir(parents=True)
     (run_dir / EVENTS_FILE).write_text(
@@ -69,9 +69,9 @@ def test_runs_left_running_by_a_dead_engine_are_settled_on_open(tiny_workspace: 
         engine.store.add_version("v0", None, "versions/v0", "x", state="created")
         engine.store.add_run("v0-warmup-1", "v0", "warmup", str(run_dir), {}, 20)
         engine.store.update_run("v0-warmup-1", state="running", pid=_dead_pid())
-    with Engine(tiny_workspace) as engine:  # a new engine finds the orphan
+    with Engine(tiny_workspace) as engine:  # a new engine finds the orphan: dead before its end
         run = engine.store.get_run("v0-warmup-1")
-        assert run is not None and run.state == "failed"
+        assert run is not None and run.state == "interrupted"  # to be resumed, not failed
         assert engine.store.metric_series("v0-warmup-1", "warmup/loss") == [(5, 1.5)]
 
 

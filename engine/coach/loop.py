@@ -339,19 +339,18 @@ class Coach:
         promotion."""
         name, iv = b.version, b.intervention
         assert name is not None
-        if decision != "failed":
-            self.engine.decide(name, decision, reason)
-        self._emit("decision", f"{name} {decision}: {reason}", version=name, decision=decision)
         domain = self.engine.version_config(name).domain.name
-        signature = failure_signature(diagnosis)
-        label = verdict.label if verdict else None
-        self.memory.record_case(
-            name, signature, domain, rnd.parent, iv.kind, iv.template, iv.factor, label, decision, reason
-        )
-        if decision == "promoted" and verdict is not None:
+        if decision == "promoted" and verdict is not None:  # written first: the decision below is the unit
             card = card_from_promotion(name, rnd.parent, iv, diagnosis.rule_names if diagnosis else [], verdict, domain)
             path = self.skills.write(card)
             self._emit("skill", f"skill card {path.name} written from {name}", version=name)
+        case = {"signature": failure_signature(diagnosis), "domain": domain, "parent": rnd.parent, "kind": iv.kind}
+        case |= {"template": iv.template, "factor": iv.factor, "verdict": verdict.label if verdict else None}
+        if decision == "failed":  # the run failed: no tag to add, the case alone
+            self.store.record_case(name, case, decision, reason)
+        else:
+            self.engine.decide(name, decision, reason, case=case)
+        self._emit("decision", f"{name} {decision}: {reason}", version=name, decision=decision)
         b.done = True
         self.rounds.save_branches(rnd)
 

@@ -80,11 +80,9 @@ class Memory:
         decision: str,
         outcome: str,
     ) -> None:
-        self.store.con.execute(
-            "INSERT OR REPLACE INTO cases (id, signature, domain, parent, kind, template, factor, verdict, decision,"
-            " outcome) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [version, signature, domain, parent, kind, template, factor, verdict, decision, outcome],
-        )
+        case = {"signature": signature, "domain": domain, "parent": parent, "kind": kind}
+        case |= {"template": template, "factor": factor, "verdict": verdict}
+        self.store.record_case(version, case, decision, outcome)
 
     def cases(self, signature: str, domain: str) -> list[dict[str, Any]]:
         """Cases with this signature first, then those sharing at least one rule; newest first."""

@@ -1,23 +1,33 @@
 """Launching run workers and following them until they end.
 
-The runner interface is what a scheduler would implement later (accelerate launch, Ray); the
-local runner starts ``python -m engine.runs.worker RUN_DIR`` as a child process in its own
-session, with output to a file (a pipe could fill up and stall the worker).
+A runner starts one worker per run (`engine.runs.worker`) and hands back a handle to follow it:
+the local runner starts ``python -m engine.runs.worker RUN_DIR`` as a child process in its own
+session (or under ``accelerate launch`` for several GPUs), with output to a file (a pipe could
+fill up and stall the worker); the Ray runner (`engine.runs.ray_runner`) runs it as a Ray task on
+a cluster. A worker of an engine that stopped is followed through its run's lock
+(`AttachedWorker`).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Protocol
 
-from engine.runs.artifacts import LOG_FILE
+from engine.config import ComputeConfig
+from engine.runs import lock
+from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
+from engine.runs.launch import worker_command
+from engine.runs.spec import RunSpec
 
 
 class RunHandle(Protocol):
-    pid: int
+    #: The worker's process id when it runs on this machine (None: elsewhere, e.g. on a Ray node).
+    pid: int | None
 
     def poll(self) -> int | None: ...
 
@@ -30,21 +40,89 @@ class Runner(Protocol):
     def start(self, run_dir: Path) -> RunHandle: ...
 
 
+def make_runner(compute: ComputeConfig) -> Runner:
+    """The runner `[compute]` asks for."""
+    if compute.backend == "ray":
+        from engine.runs.ray_runner import RayRunner  # ray is an optional extra
+
+        return RayRunner(compute.address, compute.cpus, compute.gpus, compute.max_retries)
+    return LocalRunner(compute=compute)
+
+
+class LocalWorker(subprocess.Popen[bytes]):
+    """A worker process in its own session: killing it kills what it started too."""
+
+    def kill(self) -> None:
+        _kill_group(self.pid)
+
+
 class LocalRunner:
     """One subprocess per run on this machine."""
 
-    def __init__(self, python: str = sys.executable, extra_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+        compute: ComputeConfig | None = None,
+    ):
         self.python = python
         self.extra_env = extra_env or {}
+        self.compute = compute or ComputeConfig()
 
-    def start(self, run_dir: Path) -> subprocess.Popen[bytes]:
+    def command(self, run_dir: Path) -> list[str]:
+        # Several GPUs train one run; a warm-up or an evaluation runs in one process.
+        kind = RunSpec.load(run_dir).kind
+        compute = self.compute if kind == "train" else self.compute.model_copy(update={"gpus": 1})
+        return worker_command(self.python, run_dir, compute)
+
+    def start(self, run_dir: Path) -> LocalWorker:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.extra_env}
         with open(run_dir / LOG_FILE, "ab") as log:
-            return subprocess.Popen(
-                [self.python, "-m", "engine.runs.worker", str(run_dir)],
+            return LocalWorker(
+                self.command(run_dir),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
             )
+
+
+class AttachedWorker:
+    """A live worker this engine did not start (its engine stopped or died): it is followed
+    through the lock it holds on its run, and ended with its event log."""
+
+    def __init__(self, run_dir: Path, pid: int, poll_seconds: float = 0.2):
+        self.run_dir = run_dir
+        self.pid: int | None = pid
+        self.poll_seconds = poll_seconds
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and lock.holder(self.run_dir) is None:
+            kinds = {e.get("type") for e in read_events(self.run_dir / EVENTS_FILE, 0)[0]}
+            # Not our child: its exit status is not ours to read, its events say how it ended.
+            self.returncode = 0 if "end" in kinds else 1 if "error" in kinds else -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+            time.sleep(self.poll_seconds)
+        return code
+
+    def kill(self) -> None:
+        if self.pid is not None and lock.holder(self.run_dir) is not None:
+            try:
+                _kill_group(os.getpgid(self.pid))
+            except ProcessLookupError:
+                pass
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
