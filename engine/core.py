@@ -216,7 +216,31 @@ class Engine:
 
     def train(self, version: str, progress: ProgressFn | None = None, layers: Layers = None) -> RunRecord:
         """Train a child version from its parent's checkpoint (GRPO), evaluate it, and diagnose the
-        run with the harness `layers` (None: all)."""
+        run with the harness `layers` (None: all); raises RunFailed if its run fails."""
+        outcome = self.train_many([version], progress, layers)[version]
+        if isinstance(outcome, RunFailed):
+            raise outcome
+        return outcome
+
+    def train_many(
+        self, versions: list[str], progress: ProgressFn | None = None, layers: Layers = None
+    ) -> dict[str, RunRecord | RunFailed]:
+        """`train` for several versions at once: their runs go to the runner together (in parallel
+        on a Ray cluster; a local runner's workers share this machine) and are followed
+        together. Each version's outcome: its run, or the RunFailed of a run that failed."""
+        runs = [self._train_run(version, layers) for version in versions]
+        outcomes: dict[str, RunRecord | RunFailed] = {}
+        for run, update in self._run_all(runs, progress):
+            try:
+                outcomes[run.version] = self._conclude(run, update, progress, layers, "val")
+            except RunFailed as exc:
+                self.store.update_version(run.version, state="failed")
+                outcomes[run.version] = exc
+                continue
+            self._complete_training(run)
+        return outcomes
+
+    def _train_run(self, version: str, layers: Layers) -> RunRecord:
         record = self.store.get_version(version)
         if record is None or record.parent is None:
             raise ValueError(f"{version} is not a trainable child version")
@@ -230,15 +254,7 @@ class Engine:
             config = config.model_copy(update={"recipe": config.recipe.model_copy(update={"collapse_guard": guard})})
         self.store.update_version(version, state="training")
         out = self.workspace.model_dir(version)
-        try:
-            run = self.execute(
-                version, "train", config, self.workspace.root / parent.checkpoint, out, progress=progress, layers=layers
-            )
-        except RunFailed:
-            self.store.update_version(version, state="failed")
-            raise
-        self._complete_training(run)
-        return run
+        return self._run_record(version, "train", config, self.workspace.root / parent.checkpoint, out, "val")
 
     def _complete_training(self, run: RunRecord) -> None:
         """A train run succeeded: its version is trained, with its checkpoint and val scores."""
@@ -348,35 +364,52 @@ class Engine:
         split: Literal["val", "test"] = "val",
     ) -> RunRecord:
         """Run one run to its end and diagnose it with the harness `layers` (None: all); raises
-        RunFailed if it fails. An unfinished run of the same version, kind and split (its engine
-        stopped or died) is taken up rather than begun again: its live worker re-attached to, or
-        a new one started that resumes it. An eval run of the test split is not diagnosed:
-        nothing that decides reads test."""
-        run = self._unfinished_run(version, kind, split)
-        if run is None:
-            run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
-            run_dir = self.workspace.runs_dir / run_id
-            spec = RunSpec(
-                run_id=run_id,
-                version=version,
-                kind=kind,
-                config=config,
-                model_in=model_in,
-                model_out=model_out,
-                workspace=self.workspace.root,
-                split=split,
-            )
-            spec.save(run_dir)
-            self.store.add_run(
-                run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps
-            )
-            run = self.store.get_run(run_id)
-            assert run is not None
-        update = RunUpdate(run.id, version, kind, "running", total_steps=run.total_steps)
-        run = self._run_to_end(run, update, progress)
+        RunFailed if it fails. An eval run of the test split is not diagnosed: nothing that
+        decides reads test."""
+        run = self._run_record(version, kind, config, model_in, model_out, split)
+        ((run, update),) = self._run_all([run], progress)
+        return self._conclude(run, update, progress, layers, split)
+
+    def _run_record(
+        self,
+        version: str,
+        kind: RunKind,
+        config: WorkspaceConfig,
+        model_in: Path | None,
+        model_out: Path | None,
+        split: Literal["val", "test"],
+    ) -> RunRecord:
+        """The run to run: an unfinished one of the same version, kind and split (its engine
+        stopped or died), taken up where it stands, or else a new one."""
+        for run in reversed(self.store.list_runs(version)):
+            if run.kind == kind and run.state in UNFINISHED and (Path(run.run_dir) / SPEC_FILE).exists():
+                if RunSpec.load(Path(run.run_dir)).split == split:
+                    return run
+        run_id = f"{version}-{kind}-{len(self.store.list_runs(version)) + 1}"
+        run_dir = self.workspace.runs_dir / run_id
+        spec = RunSpec(
+            run_id=run_id,
+            version=version,
+            kind=kind,
+            config=config,
+            model_in=model_in,
+            model_out=model_out,
+            workspace=self.workspace.root,
+            split=split,
+        )
+        spec.save(run_dir)
+        self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)
+        record = self.store.get_run(run_id)
+        assert record is not None
+        return record
+
+    def _conclude(
+        self, run: RunRecord, update: RunUpdate, progress: ProgressFn | None, layers: Layers, split: str
+    ) -> RunRecord:
+        """A run that ended: its scores, its diagnosis, the last progress update; RunFailed if it failed."""
         faults.point("run-finished")
         if run.state == "succeeded":
-            self._record_scores(version, run.id)  # a version's score is its latest evaluation
+            self._record_scores(run.version, run.id)  # a version's score is its latest evaluation
         if split == "val":
             self.diagnose_run(run, layers)
         update.state, update.error = run.state, run.error_tail
@@ -386,40 +419,51 @@ class Engine:
             raise RunFailed(run)
         return run
 
-    def _unfinished_run(self, version: str, kind: RunKind, split: str) -> RunRecord | None:
-        for run in reversed(self.store.list_runs(version)):
-            if run.kind == kind and run.state in UNFINISHED and (Path(run.run_dir) / SPEC_FILE).exists():
-                if RunSpec.load(Path(run.run_dir)).split == split:
-                    return run
-        return None
-
-    def _run_to_end(self, run: RunRecord, update: RunUpdate, progress: ProgressFn | None) -> RunRecord:
-        """Follow a run's worker until the run ends, starting (or re-attaching to) one first. A
-        worker that dies before its end (killed, out of memory) is started again, up to
-        `[compute] max_retries` times, and resumes the run (a runner that retries on its own,
-        Ray, is left to). Interrupted (Ctrl-C, the engine stopping), the worker is stopped and the
-        run left `interrupted`, to be resumed."""
-        run_dir = Path(run.run_dir)
-        retries = 0 if getattr(self.runner, "retries", False) else self.config.compute.max_retries
-        for attempt in range(retries + 1):
-            handle = self._launch(run, run_dir)
-            try:
-                returncode = self._watch(handle, run.id, run_dir, update, progress)
-            except BaseException:
+    def _run_all(self, runs: list[RunRecord], progress: ProgressFn | None) -> list[tuple[RunRecord, RunUpdate]]:
+        """Follow the runs' workers until each run ends, starting (or re-attaching to) them first.
+        A worker that dies before its end (killed, out of memory) is started again, up to
+        `[compute] max_retries` times, and resumes its run (a runner that retries on its own, Ray,
+        is left to). Interrupted (Ctrl-C, the engine stopping), the workers are stopped and their
+        runs left `interrupted`, to be resumed."""
+        retries = 0 if self.runner.retries else self.config.compute.max_retries
+        updates = {r.id: RunUpdate(r.id, r.version, r.kind, "running", total_steps=r.total_steps) for r in runs}
+        live = {r.id: (r, self._launch(r)) for r in runs}
+        attempts = dict.fromkeys(live, 0)
+        ended: dict[str, RunRecord] = {}
+        try:
+            while live:
+                for run, handle in list(live.values()):
+                    # Waiting on the process (not sleeping) notices its exit at once.
+                    try:
+                        returncode: int | None = handle.wait(timeout=self.poll_seconds / len(live))
+                    except subprocess.TimeoutExpired:
+                        returncode = None
+                    self._follow(run.id, Path(run.run_dir), updates[run.id], progress)
+                    if returncode is None:
+                        continue
+                    reason = getattr(handle, "reason", None)
+                    if _outcome(Path(run.run_dir)) is None and returncode != 0 and attempts[run.id] < retries:
+                        attempts[run.id] += 1
+                        why = reason or f"worker exited with code {returncode}"
+                        self.store.add_event("run_retried", {"reason": why, "attempt": attempts[run.id]}, run_id=run.id)
+                        live[run.id] = (run, self._launch(run))
+                        continue
+                    ended[run.id] = self._finish_run(run.id, returncode, reason=reason)
+                    del live[run.id]
+                if live and self.stop_requested.is_set():
+                    raise KeyboardInterrupt("the engine is stopping")
+        except BaseException:
+            for run, handle in live.values():
                 handle.kill()
                 handle.wait()
-                self._follow(run.id, run_dir, update, progress)
+                self._follow(run.id, Path(run.run_dir), updates[run.id], progress)
                 self._interrupt_run(run.id, "interrupted: the engine stopped following this run")
-                raise
-            ended = _outcome(run_dir) is not None
-            if ended or returncode == 0 or attempt == retries:
-                break
-            reason = getattr(handle, "reason", None) or f"worker exited with code {returncode}"
-            self.store.add_event("run_retried", {"reason": reason, "attempt": attempt + 1}, run_id=run.id)
-        return self._finish_run(run.id, returncode, reason=getattr(handle, "reason", None))
+            raise
+        return [(ended[r.id], updates[r.id]) for r in runs]
 
-    def _launch(self, run: RunRecord, run_dir: Path) -> RunHandle:
+    def _launch(self, run: RunRecord) -> RunHandle:
         """A handle on the run's worker: the live one (of an engine that stopped), or a new one."""
+        run_dir = Path(run.run_dir)
         holder = lock.holder(run_dir)
         if holder is not None and holder.pid is not None:
             handle: RunHandle = AttachedWorker(run_dir, holder.pid)
@@ -430,21 +474,6 @@ class Engine:
         self.store.update_run(run.id, state="running", pid=handle.pid, started_at=run.started_at or _now())
         self.store.add_event(kind, {"kind": run.kind, "pid": handle.pid}, run_id=run.id, version=run.version)
         return handle
-
-    def _watch(
-        self, handle: RunHandle, run_id: str, run_dir: Path, update: RunUpdate, progress: ProgressFn | None
-    ) -> int:
-        while True:
-            # Waiting on the process (not sleeping) notices its exit at once.
-            try:
-                returncode: int | None = handle.wait(timeout=self.poll_seconds)
-            except subprocess.TimeoutExpired:
-                returncode = None
-            self._follow(run_id, run_dir, update, progress)
-            if returncode is not None:
-                return returncode
-            if self.stop_requested.is_set():
-                raise KeyboardInterrupt("the engine is stopping")
 
     def _interrupt_run(self, run_id: str, reason: str) -> None:
         """A run stopped before its end, to be resumed: its version stays where it was."""

@@ -526,6 +526,9 @@ def status(workspace: WorkspaceArg) -> None:
         if failed:
             last = (failed[-1]["error_tail"] or "").strip()
             console.print(f"[red]last failure ({failed[-1]['id']}):[/] " + (last.splitlines()[-1] if last else ""))
+        for r in runs:
+            if r["state"] == "interrupted":
+                console.print(f"[yellow]{r['id']} was interrupted[/]: `evotui run {workspace}` resumes it")
     for gate_id in state["pending_gates"]:
         console.print(f"[yellow]gate {gate_id} waits[/]  → evotui gates {workspace}")
 

@@ -51,6 +51,9 @@ class Finished:
 
 
 class ScriptedRunner:
+    parallel = False
+    retries = False
+
     def __init__(self, quality: Quality, form: Form = demonstrated) -> None:
         self.quality = quality
         self.form = form

@@ -34,7 +34,7 @@ def workspace(tmp_path: Path, sample_toml: str) -> Workspace:
 def test_evotui_run_investigates_an_unexplained_gain_before_promoting_it(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("engine.core.LocalRunner", lambda: ScriptedRunner(QUALITY.__getitem__))
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner(QUALITY.__getitem__))
     result = CliRunner().invoke(app, ["run", str(workspace.root), "--auto-approve", "--versions", "3"])
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output and "investigating before the decision" in result.output
@@ -73,7 +73,7 @@ def test_a_probe_that_moves_beyond_its_floor_holds_the_version(
         return demonstrated(version, domain, task, correct, off=1 if version == "v0" else 50)
 
     quality = {"v0": 0.3, "v1": 0.45}
-    monkeypatch.setattr("engine.core.LocalRunner", lambda: ScriptedRunner(quality.__getitem__, far_off))
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner(quality.__getitem__, far_off))
     result = CliRunner().invoke(app, ["run", str(workspace.root), "--auto-approve", "--versions", "1"])
     assert result.exit_code == 0, result.output
     with Engine.open(workspace.root) as engine:

@@ -145,6 +145,8 @@ def test_kills_of_the_cli_the_engine_and_the_worker_are_each_finished_by_the_nex
     assert worker is not None and worker.pid is not None
     os.killpg(worker.pid, signal.SIGKILL)
     until(lambda: lock.holder(train) is None, 10)
+    code, out = cli.run("status", str(root))
+    assert code == 0 and "v1-train-1 was interrupted" in out and "resumes it" in out, out
     # 3. The next run resumes the run from its checkpoint; its worker is killed during the final
     #    evaluation and started again by the engine (it evaluates again), and the engine dies
     #    between the run's end and its version's update.

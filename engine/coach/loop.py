@@ -258,6 +258,8 @@ class Coach:
     def _run_branches(
         self, rnd: Round, diagnosis: Diagnosis | None, result: LoopResult, progress: ProgressFn | None
     ) -> None:
+        if self.engine.runner.parallel:
+            self._train_together(rnd, result, progress)
         for b in rnd.branches:
             if b.dropped or b.done:
                 continue
@@ -272,9 +274,7 @@ class Coach:
                 except RunFailed as exc:
                     self._settle(rnd, b, diagnosis, None, "failed", f"run failed: {exc.run.id}")
                     continue
-                result.trained.append(b.version)
-                if (child := self._child_diagnosis(b.version)) is not None:
-                    self._emit("diagnosis", f"diagnosis of {child.run_id}", version=b.version, lines=child.headline())
+                self._trained(b.version, result)
             record = self.store.get_version(b.version)
             assert record is not None
             if record.state == "failed":  # its run failed while no engine watched (settled on open)
@@ -303,6 +303,34 @@ class Coach:
                     continue
             b.done = True
             self.rounds.save_branches(rnd)
+
+    def _train_together(self, rnd: Round, result: LoopResult, progress: ProgressFn | None) -> None:
+        """A runner that runs runs in parallel (a Ray cluster) trains the round's branches at once;
+        judging and deciding them stays one at a time, in order (`_run_branches`)."""
+        for b in rnd.branches:
+            if b.version is None and not (b.dropped or b.done):
+                b.version = self._create(rnd, b)
+        self.rounds.save_branches(rnd)
+        untrained = [
+            b.version
+            for b in rnd.branches
+            if b.version is not None and not (b.dropped or b.done) and self._state(b.version) in ("created", "training")
+        ]
+        if len(untrained) < 2:
+            return  # one branch: trained in turn
+        for name, outcome in self.engine.train_many(untrained, progress, self.layers).items():
+            if not isinstance(outcome, RunFailed):
+                self._trained(name, result)
+
+    def _trained(self, name: str, result: LoopResult) -> None:
+        result.trained.append(name)
+        if (child := self._child_diagnosis(name)) is not None:
+            self._emit("diagnosis", f"diagnosis of {child.run_id}", version=name, lines=child.headline())
+
+    def _state(self, version: str) -> str:
+        record = self.store.get_version(version)
+        assert record is not None
+        return record.state
 
     def _create(self, rnd: Round, b: Branch) -> str:
         iv = b.intervention

@@ -37,6 +37,11 @@ class RunHandle(Protocol):
 
 
 class Runner(Protocol):
+    #: Its runs run in parallel (the coach trains a round's branches at once).
+    parallel: bool
+    #: It starts a worker that died again itself (else the engine does, `[compute] max_retries`).
+    retries: bool
+
     def start(self, run_dir: Path) -> RunHandle: ...
 
 
@@ -45,7 +50,13 @@ def make_runner(compute: ComputeConfig) -> Runner:
     if compute.backend == "ray":
         from engine.runs.ray_runner import RayRunner  # ray is an optional extra
 
-        return RayRunner(compute.address, compute.cpus, compute.gpus, compute.max_retries)
+        return RayRunner(
+            compute.address,
+            compute.cpus,
+            compute.gpus,
+            compute.max_retries,
+            accelerate_config=compute.accelerate_config,
+        )
     return LocalRunner(compute=compute)
 
 
@@ -53,11 +64,15 @@ class LocalWorker(subprocess.Popen[bytes]):
     """A worker process in its own session: killing it kills what it started too."""
 
     def kill(self) -> None:
-        _kill_group(self.pid)
+        if self.poll() is None:  # a reaped worker's pid may be another process's by now
+            _kill_group(self.pid)
 
 
 class LocalRunner:
     """One subprocess per run on this machine."""
+
+    parallel = False
+    retries = False
 
     def __init__(
         self,

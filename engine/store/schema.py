@@ -37,7 +37,7 @@ MIGRATIONS: list[str] = [
         id          VARCHAR PRIMARY KEY,
         version     VARCHAR NOT NULL,
         kind        VARCHAR NOT NULL,                 -- warmup, train, eval
-        state       VARCHAR NOT NULL,                 -- queued, running, succeeded, failed
+        state       VARCHAR NOT NULL,                 -- queued, running, interrupted, succeeded, failed
         run_dir     VARCHAR NOT NULL,
         config      JSON NOT NULL,
         total_steps INTEGER,
