@@ -16,6 +16,7 @@ from engine.policy.pretrained import POINTER_FILE, load_policy
 from engine.runs.artifacts import EVENTS_FILE
 from engine.runs.runner import LocalRunner
 from engine.runs.spec import RunSpec
+from engine.runs.worker import last_checkpoint
 from engine.workspace import Workspace
 from tests.conftest import commit_workspace_toml
 
@@ -166,3 +167,15 @@ def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_rati
         assert len(rows) == run.total_steps and DEAD_STD == 1e-3
         for _, live, keep in rows:
             assert keep == pytest.approx(live)
+
+
+def test_a_relaunched_worker_resumes_from_the_latest_whole_checkpoint(tmp_path: Path) -> None:
+    for step, whole in ((2, True), (10, True), (12, False)):  # checkpoint-12 was cut off mid-save
+        ckpt = tmp_path / f"checkpoint-{step}"
+        ckpt.mkdir()
+        (ckpt / "model.safetensors").write_bytes(b"")
+        if whole:
+            (ckpt / "trainer_state.json").write_text("{}")
+    (tmp_path / "checkpoint-x").mkdir()
+    assert last_checkpoint(tmp_path) == tmp_path / "checkpoint-10"  # 10 > 2: by step, not by name
+    assert last_checkpoint(tmp_path / "none-yet") is None

@@ -8,6 +8,7 @@ or evaluates, and reports only through files in RUN_DIR (see `engine.runs.artifa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import traceback
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer import TRAINER_STATE_NAME
 from trl import GRPOConfig, GRPOTrainer
 
 from engine import faults
@@ -315,21 +316,32 @@ class _GuardCallback(TrainerCallback):
             control.should_training_stop = True
 
 
+def last_checkpoint(trainer_dir: Path) -> Path | None:
+    """The latest whole checkpoint TRL saved under `trainer_dir`: transformers writes
+    `trainer_state.json` last, so a checkpoint without one was cut off mid-save (skipped)."""
+    whole = {
+        int(m[1]): d
+        for d in trainer_dir.glob("checkpoint-*")
+        if (m := re.fullmatch(r"checkpoint-(\d+)", d.name)) and (d / TRAINER_STATE_NAME).is_file()
+    }
+    return whole[max(whole)] if whole else None
+
+
 def run_train(spec: RunSpec, run_dir: Path, events: EventLog, resuming: bool = False) -> None:
     """GRPO from the spec's checkpoint; a relaunched worker (`resuming`) goes on from TRL's latest
     checkpoint of this run, and says from which step in a `resume` event (-1: from the start)."""
     assert spec.model_in is not None and spec.model_out is not None
     # Every rank resumes from the same checkpoint (a fresh run has none); rank 0 says so.
-    checkpoint = get_last_checkpoint(str(run_dir / TRAINER_DIR)) if (run_dir / TRAINER_DIR).is_dir() else None
-    step = int(Path(checkpoint).name.rpartition("-")[2]) if checkpoint else -1
+    checkpoint = last_checkpoint(run_dir / TRAINER_DIR)
+    step = int(checkpoint.name.rpartition("-")[2]) if checkpoint else -1
     final = step >= spec.config.recipe.steps
     if resuming:
         events.write("resume", step=step, final=final)
     trainer = build_grpo_trainer(spec, run_dir, events)
     if final:  # trained to the end before: the weights, and on to the evaluation
-        trainer._load_from_checkpoint(checkpoint)
+        trainer._load_from_checkpoint(str(checkpoint))
     else:
-        trainer.train(resume_from_checkpoint=checkpoint)
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         step = trainer.state.global_step
     if not is_main_process():
         return
