@@ -24,7 +24,7 @@ from engine.config import CONFIG_FILE, WorkspaceConfig, decode_config, parse_con
 from engine.harness.diagnose import Diagnosis, diagnose, load_diagnosis, store_diagnosis
 from engine.harness.loader import Harness, Layers, load_harness
 from engine.runs import lock
-from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, SPEC_FILE, read_events
+from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, SPEC_FILE, read_events, run_outcome
 from engine.runs.ingest import ingest_run
 from engine.runs.runner import AttachedWorker, RunHandle, Runner, make_runner
 from engine.runs.spec import RunKind, RunSpec
@@ -132,7 +132,7 @@ class Engine:
             if run.state not in ("running", "queued") or lock.holder(Path(run.run_dir)) is not None:
                 continue
             ingest_run(self.store, run.id, Path(run.run_dir))
-            if _outcome(Path(run.run_dir)) is None:
+            if run_outcome(Path(run.run_dir)) is None:
                 self._interrupt_run(run.id, "interrupted: its worker stopped while no engine watched")
             else:
                 self._finish_run(run.id, returncode=None)
@@ -442,7 +442,7 @@ class Engine:
                     if returncode is None:
                         continue
                     reason = getattr(handle, "reason", None)
-                    if _outcome(Path(run.run_dir)) is None and returncode != 0 and attempts[run.id] < retries:
+                    if run_outcome(Path(run.run_dir)) is None and returncode != 0 and attempts[run.id] < retries:
                         attempts[run.id] += 1
                         why = reason or f"worker exited with code {returncode}"
                         self.store.add_event("run_retried", {"reason": why, "attempt": attempts[run.id]}, run_id=run.id)
@@ -667,9 +667,3 @@ def best_version(versions: Iterable[VersionRecord]) -> VersionRecord | None:
 
 def _now() -> datetime:
     return datetime.now()
-
-
-def _outcome(run_dir: Path) -> str | None:
-    """How a run's worker ended, from its event log: "end", "error", or None (it has not)."""
-    kinds = {e.get("type") for e in read_events(run_dir / EVENTS_FILE, 0)[0]}
-    return "end" if "end" in kinds else "error" if "error" in kinds else None

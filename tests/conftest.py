@@ -66,9 +66,14 @@ def sample_toml() -> str:
 @pytest.fixture
 def tiny_workspace(tmp_path: Path, sample_toml: str) -> Workspace:
     """A workspace from the sample template with the tiny settings committed (so v0 uses them)."""
-    ws = init_workspace(tmp_path / "ws")
-    ws.config_path.write_text(tiny_toml(sample_toml))
-    commit_workspace_toml(ws, "tiny settings for tests")
+    return workspace_with(tmp_path / "ws", tiny_toml(sample_toml), "tiny settings for tests")
+
+
+def workspace_with(root: Path, text: str, message: str) -> Workspace:
+    """A new workspace at `root` whose workspace.toml is `text`, committed (so v0 uses it)."""
+    ws = init_workspace(root)
+    ws.config_path.write_text(text)
+    commit_workspace_toml(ws, message)
     return ws
 
 

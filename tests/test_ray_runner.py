@@ -23,8 +23,8 @@ from engine.core import Engine
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, ROLLOUT_DIR, read_events
 from engine.runs.runner import LocalRunner
 from engine.runs.spec import RunSpec
-from engine.workspace import init_workspace, template_dir
-from tests.conftest import commit_workspace_toml, tiny_toml
+from engine.workspace import template_dir
+from tests.conftest import tiny_toml, workspace_with
 
 ray = pytest.importorskip("ray")
 
@@ -173,9 +173,7 @@ def test_a_rounds_two_branches_train_at_once_on_ray_and_are_judged_as_a_local_ro
     ray_address: str, tmp_path: Path
 ) -> None:
     text = tiny_toml((template_dir("sample") / "workspace.toml").read_text())
-    local = init_workspace(tmp_path / "local")
-    local.config_path.write_text(text)
-    commit_workspace_toml(local, "tiny settings")
+    local = workspace_with(tmp_path / "local", text, "tiny settings")
     with Engine(local, runner=LocalRunner(extra_env=ONE_THREAD), poll_seconds=0.1) as engine:
         engine.ensure_base()
         # A round of two branches at its run stage: the learning rate, the GRPO temperature (no

@@ -25,8 +25,8 @@ import pytest
 from engine.core import Engine
 from engine.runs import lock
 from engine.runs.artifacts import EVENTS_FILE, read_events
-from engine.workspace import Workspace, init_workspace
-from tests.conftest import commit_workspace_toml, tiny_toml
+from engine.workspace import Workspace
+from tests.conftest import tiny_toml, workspace_with
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +41,7 @@ def survive_toml(sample_toml: str) -> str:
 
 @pytest.fixture
 def workspace(tmp_path: Path, sample_toml: str) -> Workspace:
-    ws = init_workspace(tmp_path / "ws")
-    ws.config_path.write_text(survive_toml(sample_toml))
-    commit_workspace_toml(ws, "tiny settings, checkpoints every 2 steps")
-    return ws
+    return workspace_with(tmp_path / "ws", survive_toml(sample_toml), "tiny settings, checkpoints every 2 steps")
 
 
 def resumes(run_dir: Path) -> list[int]:

@@ -181,6 +181,12 @@ def read_events(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     return events, offset + end + 1
 
 
+def run_outcome(run_dir: Path) -> str | None:
+    """How a run's worker ended, from its event log: "end", "error", or None (it has not)."""
+    kinds = {e.get("type") for e in read_events(run_dir / EVENTS_FILE, 0)[0]}
+    return "end" if "end" in kinds else "error" if "error" in kinds else None
+
+
 def metric_rows(events: Sequence[dict[str, Any]]) -> list[tuple[int, str, float | None]]:
     rows: list[tuple[int, str, float | None]] = []
     for event in events:

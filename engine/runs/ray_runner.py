@@ -44,6 +44,7 @@ from pathlib import Path
 from engine.config import ComputeConfig
 from engine.runs.artifacts import LOG_FILE, SPEC_FILE
 from engine.runs.launch import worker_command
+from engine.runs.runner import kill_group
 from engine.runs.spec import RunSpec
 
 try:
@@ -274,11 +275,11 @@ def _run_worker(run_dir: str, python: str, compute: ComputeConfig, extra_env: di
             log.flush()
             code = _wait(proc)
         except BaseException:  # ray.cancel interrupts the task (KeyboardInterrupt)
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             proc.wait()
             raise
         if code < 0:
-            _kill_group(proc.pid)  # what the worker started
+            kill_group(proc.pid)  # what the worker started
             log.write(f"{LOG_PREFIX} worker killed by {signal.Signals(-code).name}; Ray retries the task\n".encode())
             log.flush()
             # Not an exit code and not an exception: Ray counts a killed worker as a system failure,
@@ -293,13 +294,6 @@ def _wait(proc: subprocess.Popen[bytes]) -> int:
             return proc.wait(timeout=INTERRUPT_POLL_SECONDS)
         except subprocess.TimeoutExpired:
             continue
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 _PR_SET_PDEATHSIG = 1

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from engine.config import ComputeConfig
 from engine.runs import lock
-from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events
+from engine.runs.artifacts import LOG_FILE, run_outcome
 from engine.runs.launch import worker_command
 from engine.runs.spec import RunSpec
 
@@ -65,7 +65,7 @@ class LocalWorker(subprocess.Popen[bytes]):
 
     def kill(self) -> None:
         if self.poll() is None:  # a reaped worker's pid may be another process's by now
-            _kill_group(self.pid)
+            kill_group(self.pid)
 
 
 class LocalRunner:
@@ -115,9 +115,9 @@ class AttachedWorker:
 
     def poll(self) -> int | None:
         if self.returncode is None and lock.holder(self.run_dir) is None:
-            kinds = {e.get("type") for e in read_events(self.run_dir / EVENTS_FILE, 0)[0]}
             # Not our child: its exit status is not ours to read, its events say how it ended.
-            self.returncode = 0 if "end" in kinds else 1 if "error" in kinds else -signal.SIGKILL
+            outcome = run_outcome(self.run_dir)
+            self.returncode = 0 if outcome == "end" else 1 if outcome == "error" else -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -131,12 +131,13 @@ class AttachedWorker:
     def kill(self) -> None:
         if self.pid is not None and lock.holder(self.run_dir) is not None:
             try:
-                _kill_group(os.getpgid(self.pid))
+                kill_group(os.getpgid(self.pid))
             except ProcessLookupError:
                 pass
 
 
-def _kill_group(pgid: int) -> None:
+def kill_group(pgid: int) -> None:
+    """SIGKILL a process group (a worker started in its own session, and what it started)."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
