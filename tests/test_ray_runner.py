@@ -21,7 +21,7 @@ from engine.coach.loop import Coach
 from engine.config import parse_config
 from engine.core import Engine
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, ROLLOUT_DIR, read_events
-from engine.runs.runner import LocalRunner
+from engine.runs.runner import LocalRunner, make_runner
 from engine.runs.spec import RunSpec
 from engine.workspace import template_dir
 from tests.conftest import tiny_toml, workspace_with
@@ -56,8 +56,12 @@ def make_run(root: Path, name: str, warmup_steps: int) -> Path:
     return run_dir
 
 
-def runner(address: str, **kwargs: Any) -> RayRunner:
-    return RayRunner(address=address, extra_env=ONE_THREAD, **kwargs)
+def runner(address: str, meet: tuple[str, Path] | None = None, **kwargs: Any) -> RayRunner:
+    """A Ray runner whose workers run on one thread; with `meet` (a point and a folder), two runs
+    wait for each other at that point (`engine.faults`), so that their overlap does not depend on
+    how long each took to import torch."""
+    rendezvous = {"EVOTUI_MEET": f"{meet[0]}:2:{meet[1]}"} if meet else {}
+    return RayRunner(address=address, extra_env={**ONE_THREAD, **rendezvous}, **kwargs)
 
 
 def until(condition: Callable[[], Any], seconds: float = 60.0) -> Any:
@@ -100,7 +104,8 @@ def finish(handle: RayHandle, seconds: float = 90.0) -> int:
 
 
 def test_two_runs_execute_concurrently(ray_address: str, tmp_path: Path) -> None:
-    ray_runner = runner(ray_address)
+    # Run one at a time, the first would wait out the rendezvous alone and end before the second started.
+    ray_runner = runner(ray_address, meet=("warmup-step", tmp_path / "meet"))
     dirs = [make_run(tmp_path, f"r{i}", warmup_steps=20) for i in range(2)]
     handles = [ray_runner.start(d) for d in dirs]
     assert all(h.pid is None and h.poll() is None for h in handles)
@@ -194,9 +199,13 @@ def test_a_rounds_two_branches_train_at_once_on_ray_and_are_judged_as_a_local_ro
     (on_ray / "workspace.toml").write_text(text + compute)
 
     outcomes = {}
-    for root, runner_ in ((local.root, LocalRunner(extra_env=ONE_THREAD)), (on_ray, None)):
+    assert isinstance(make_runner(parse_config(text + compute, on_ray / "workspace.toml").compute), RayRunner)
+    # The Ray runner that config makes, with a rendezvous after each branch's first GRPO step: run
+    # one after the other, the first would wait it out alone and end before the second started.
+    on_cluster = runner(ray_address, meet=("grpo-step", tmp_path / "meet"))
+    for root, runner_ in ((local.root, LocalRunner(extra_env=ONE_THREAD)), (on_ray, on_cluster)):
         with Engine.open(root, runner=runner_, poll_seconds=0.1) as engine:
-            assert engine.runner.parallel == (runner_ is None)
+            assert engine.runner.parallel == (runner_ is on_cluster)
             result = Coach(engine, answer=auto_approve).run(2)
             assert result.trained == ["v1", "v2"]
             children = [v for v in engine.store.list_versions() if v.parent is not None]
