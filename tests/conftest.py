@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import git
 import pytest
 
+from engine.core import Engine
+from engine.store import Store
 from engine.versions import ACTOR
 from engine.workspace import Workspace, init_workspace, template_dir
 from tests.engine_support import Served, add_children, populate
@@ -67,6 +70,34 @@ def sample_toml() -> str:
 def tiny_workspace(tmp_path: Path, sample_toml: str) -> Workspace:
     """A workspace from the sample template with the tiny settings committed (so v0 uses them)."""
     return workspace_with(tmp_path / "ws", tiny_toml(sample_toml), "tiny settings for tests")
+
+
+@pytest.fixture(scope="session")
+def built_tiny_v0(tmp_path_factory: pytest.TempPathFactory) -> Workspace:
+    """The tiny workspace with v0 built (warm-up, baseline groups, val evaluation, diagnosis), once
+    per test session: tests copy it (`tiny_workspace_v0`) and never change it."""
+    text = tiny_toml((template_dir("sample") / "workspace.toml").read_text())
+    ws = workspace_with(tmp_path_factory.mktemp("built-v0") / "ws", text, "tiny settings for tests")
+    with Engine(ws) as engine:
+        engine.ensure_base()
+    return ws
+
+
+@pytest.fixture
+def tiny_workspace_v0(tmp_path: Path, built_tiny_v0: Workspace) -> Workspace:
+    """`tiny_workspace` with v0 already built and promoted: for tests of what happens after v0
+    (the v0 build itself is checked by test_end_to_end and test_runs)."""
+    return copy_workspace(built_tiny_v0, tmp_path / "ws")
+
+
+def copy_workspace(ws: Workspace, dest: Path) -> Workspace:
+    """A copy of a workspace no engine holds open, its runs re-pointed at the copy's run directories."""
+    shutil.copytree(ws.root, dest, symlinks=True)
+    copy = Workspace(dest)
+    with Store(copy.db_path) as store:
+        for run in store.list_runs():
+            store.update_run(run.id, run_dir=str(copy.runs_dir / Path(run.run_dir).name))
+    return copy
 
 
 def workspace_with(root: Path, text: str, message: str) -> Workspace:

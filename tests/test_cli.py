@@ -37,12 +37,12 @@ def flat(output: str) -> str:
     return " ".join(output.split())
 
 
-def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_workspace: Workspace) -> None:
-    ws = str(tiny_workspace.root)
+def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_workspace_v0: Workspace) -> None:
+    ws = str(tiny_workspace_v0.root)
     first = runner.invoke(app, ["run", ws])
     assert first.exit_code == 0, first.output
     assert "gate g1 waits" in flat(first.output) and f"evotui approve|abort {ws} g1" in flat(first.output)
-    assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]  # v0 only: no branch ran
+    assert [p.name for p in tiny_workspace_v0.runs_dir.iterdir()] == ["v0-warmup-1"]  # v0 only: no branch ran
     listed = flat(runner.invoke(app, ["gates", ws]).output)
     assert "g1 after_design round1-design0: pending" in listed and "hypothesis: If " in listed
     # v0's baseline completions run into the sample's 28-token budget: the first branch lifts it.
@@ -63,7 +63,7 @@ def test_without_a_terminal_run_stops_at_a_gate_that_the_cli_answers(tiny_worksp
     assert "stopped: aborted at gate g2 (after_design)" in flat(third.output)
     fourth = runner.invoke(app, ["run", ws])
     assert "gate g3 waits" in flat(fourth.output)  # a new round after the aborted one
-    assert [p.name for p in tiny_workspace.runs_dir.iterdir()] == ["v0-warmup-1"]
+    assert [p.name for p in tiny_workspace_v0.runs_dir.iterdir()] == ["v0-warmup-1"]
     history = flat(runner.invoke(app, ["gates", ws, "--all"]).output)
     assert "g2 after_design round1-design1: aborted" in history and "feedback: avoid the completion length" in history
 

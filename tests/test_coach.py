@@ -581,8 +581,8 @@ def test_score_only_keeps_the_score_layer_alone() -> None:
 
 # -- the real loop ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_real_tiny_loop_of_two_versions(tiny_workspace: Workspace) -> None:
-    with Engine.open(tiny_workspace.root) as engine:
+def test_a_real_tiny_loop_of_two_versions(tiny_workspace_v0: Workspace) -> None:
+    with Engine.open(tiny_workspace_v0.root) as engine:
         result = Coach(engine, answer=auto_approve).run(2)
         assert len(result.trained) == 2 and result.waiting is None
         decided = {name: (decision, reason) for name, decision, reason in result.decisions}
@@ -764,11 +764,11 @@ def test_tasks_pair_by_id_and_prompt(engine: Engine) -> None:
     assert nothing.summary() == "insufficient evidence: no val tasks in common"
 
 
-def test_round_one_reads_v0s_baseline_groups_so_the_full_loop_answers_its_rules(tiny_workspace: Workspace) -> None:
+def test_round_one_reads_v0s_baseline_groups_so_the_full_loop_answers_its_rules(tiny_workspace_v0: Workspace) -> None:
     """v0 has no GRPO run, but its warm-up samples groups of the recipe's shape from it: every
     layer diagnoses them, so the full loop's first proposals answer what fired, while the
     score-only ablation, which sees no rule, falls back to the general templates."""
-    with Engine.open(tiny_workspace.root) as engine:
+    with Engine.open(tiny_workspace_v0.root) as engine:
         engine.ensure_base()
         config = engine.version_config("v0")
         shape = config.policy.warmup.baseline_steps * config.recipe.prompts_per_step * config.recipe.num_generations

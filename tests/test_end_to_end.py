@@ -16,13 +16,13 @@ from evotui.cli import app
 pytestmark = pytest.mark.slow
 
 
-def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
+def test_a_version_trains_end_to_end(tiny_workspace_v0: Workspace) -> None:
     runner = CliRunner()
-    result = runner.invoke(app, ["run", str(tiny_workspace.root), "--auto-approve", "--versions", "1"])
+    result = runner.invoke(app, ["run", str(tiny_workspace_v0.root), "--auto-approve", "--versions", "1"])
     assert result.exit_code == 0, result.output
     assert "Versions: correctness on the held-out split" in result.output and "GRPO runs" in result.output
 
-    with Engine.open(tiny_workspace.root) as engine:
+    with Engine.open(tiny_workspace_v0.root) as engine:
         store = engine.store
         config = engine.version_config("v1")
         recipe = config.recipe
@@ -84,7 +84,7 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         )
         assert engine.tree.lineage("v1") == ["v0", "v1"]
         assert v0.state == "promoted" and v1.verdict is not None
-        assert (tiny_workspace.root / v1.checkpoint / "config.json").is_file()  # type: ignore[operator]
+        assert (tiny_workspace_v0.root / v1.checkpoint / "config.json").is_file()  # type: ignore[operator]
         assert v0.val_n == config.domain.val_size
         assert 0.0 <= v1.val_greedy <= 1.0  # type: ignore[operator]
 
@@ -103,9 +103,9 @@ def test_a_version_trains_end_to_end(tiny_workspace: Workspace) -> None:
         assert dead == recomputed_dead or abs(dead - recomputed_dead) < 1e-9
     assert f"diagnosis of {run.id}" in result.output
 
-    listing = runner.invoke(app, ["versions", str(tiny_workspace.root)])
+    listing = runner.invoke(app, ["versions", str(tiny_workspace_v0.root)])
     assert listing.exit_code == 0 and "v0" in listing.output and "v1" in listing.output
-    status = runner.invoke(app, ["status", str(tiny_workspace.root)])
+    status = runner.invoke(app, ["status", str(tiny_workspace_v0.root)])
     assert status.exit_code == 0 and "v1-train-1" in status.output and "succeeded" in status.output
 
 

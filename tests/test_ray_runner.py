@@ -23,8 +23,8 @@ from engine.core import Engine
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, ROLLOUT_DIR, read_events
 from engine.runs.runner import LocalRunner, make_runner
 from engine.runs.spec import RunSpec
-from engine.workspace import template_dir
-from tests.conftest import tiny_toml, workspace_with
+from engine.workspace import Workspace, template_dir
+from tests.conftest import copy_workspace, tiny_toml
 
 ray = pytest.importorskip("ray")
 
@@ -175,12 +175,11 @@ def test_a_node_without_the_run_directory_fails_the_run_naming_node_and_path(ray
 
 
 def test_a_rounds_two_branches_train_at_once_on_ray_and_are_judged_as_a_local_round_judges_them(
-    ray_address: str, tmp_path: Path
+    ray_address: str, tmp_path: Path, built_tiny_v0: Workspace
 ) -> None:
-    text = tiny_toml((template_dir("sample") / "workspace.toml").read_text())
-    local = workspace_with(tmp_path / "local", text, "tiny settings")
+    text = built_tiny_v0.config_path.read_text()
+    local = copy_workspace(built_tiny_v0, tmp_path / "local")
     with Engine(local, runner=LocalRunner(extra_env=ONE_THREAD), poll_seconds=0.1) as engine:
-        engine.ensure_base()
         # A round of two branches at its run stage: the learning rate, the GRPO temperature (no
         # backtest drops either).
         coach = Coach(engine, answer=auto_approve)

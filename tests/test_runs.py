@@ -42,18 +42,18 @@ def test_a_killed_worker_marks_the_run_failed(tiny_workspace: Workspace) -> None
 
 
 @pytest.mark.slow
-def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_workspace: Workspace) -> None:
-    with Engine(tiny_workspace, poll_seconds=0.1) as engine:
+def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_workspace_v0: Workspace) -> None:
+    with Engine(tiny_workspace_v0, poll_seconds=0.1) as engine:
         engine.ensure_base()
         config = engine.version_config("v0")
-        missing = tiny_workspace.root / "no-such-model"
+        missing = tiny_workspace_v0.root / "no-such-model"
         with pytest.raises(RunFailed) as info:
             engine.execute("v0", "eval", config, model_in=missing, model_out=None)
         tail = info.value.run.error_tail or ""
         assert "no-such-model" in tail and "Traceback" in tail
         # Same engine, next run: works.
         ok = engine.execute(
-            "v0", "eval", config, model_in=tiny_workspace.root / ".evotrainer/models/v0", model_out=None
+            "v0", "eval", config, model_in=tiny_workspace_v0.root / ".evotrainer/models/v0", model_out=None
         )
         assert ok.state == "succeeded"
         states = [(r.kind, r.state) for r in engine.store.list_runs("v0")]
@@ -137,13 +137,13 @@ def test_a_local_model_directory_becomes_v0_as_it_is(tiny_workspace: Workspace) 
     assert reloaded.num_parameters() == model.num_parameters()
 
 
-def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_ratio(tiny_workspace: Workspace) -> None:
+def test_the_group_filter_drops_dead_groups_from_training_and_logs_its_keep_ratio(tiny_workspace_v0: Workspace) -> None:
     from engine.coach.interventions import Intervention, apply
     from engine.config import CONFIG_FILE
     from engine.core import VersionPlan
     from engine.harness.analyzers.signal import DEAD_STD
 
-    with Engine(tiny_workspace) as engine:
+    with Engine(tiny_workspace_v0) as engine:
         engine.ensure_base()
         iv = Intervention(
             kind="filter", changes={"recipe.group_filter": {"enabled": True, "std_threshold": 1e-3}}, hypothesis="h"

@@ -57,16 +57,16 @@ def keys(session: str, *sent: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (.ci/setup installs it)")
-def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspace) -> None:
-    session = f"evotui-test-{tiny_workspace.root.parent.name}"
+def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace_v0: Workspace) -> None:
+    session = f"evotui-test-{tiny_workspace_v0.root.parent.name}"
     evotui = Path(sys.executable).with_name("evotui")
-    open_workbench(session, tiny_workspace.root)
+    open_workbench(session, tiny_workspace_v0.root)
     try:
         pid = engine_pid(wait_for(session, "engine pid", 60))
         keys(session, "s")
         wait_for(session, "Start the coach", 10)
         keys(session, "y")
-        # The coach builds v0 (warm-up), diagnoses it and stops at the design gate.
+        # The coach diagnoses v0 and stops at the design gate.
         wait_for(session, "after_design", 240)
         keys(session, "a")
         wait_for(session, "Approve g1", 10)
@@ -86,13 +86,13 @@ def test_approve_a_gate_with_keys_and_see_the_run_start(tiny_workspace: Workspac
         keys(session, "q")
         time.sleep(2)
         # The workbench is closed; the engine it started goes on, and a new workbench finds it.
-        assert WorkspaceLock(tiny_workspace.root).held_by_other()
+        assert WorkspaceLock(tiny_workspace_v0.root).held_by_other()
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-        open_workbench(session, tiny_workspace.root)
+        open_workbench(session, tiny_workspace_v0.root)
         screen = wait_for(session, "engine pid", 60)
         assert engine_pid(screen) == pid
         wait_for(session, "v1-train-1", 30)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
-        subprocess.run([str(evotui), "engine", str(tiny_workspace.root), "--stop"], capture_output=True, timeout=60)
-    assert not WorkspaceLock(tiny_workspace.root).held_by_other()
+        subprocess.run([str(evotui), "engine", str(tiny_workspace_v0.root), "--stop"], capture_output=True, timeout=60)
+    assert not WorkspaceLock(tiny_workspace_v0.root).held_by_other()
