@@ -3,8 +3,9 @@
 A runner starts one worker per run (`engine.runs.worker`) and hands back a handle to follow it:
 the local runner starts ``python -m engine.runs.worker RUN_DIR`` as a child process in its own
 session (or under ``accelerate launch`` for several GPUs), with output to a file (a pipe could
-fill up and stall the worker); the Ray runner (`engine.runs.ray_runner`) runs it as a Ray task on
-a cluster. A worker of an engine that stopped is followed through its run's lock
+fill up and stall the worker), forked warm from a server that has its imports made where it can
+(`engine.runs.forkserver`, `ForkedWorker`); the Ray runner (`engine.runs.ray_runner`) runs it as a
+Ray task on a cluster. A worker of an engine that stopped is followed through its run's lock
 (`AttachedWorker`).
 """
 
@@ -19,9 +20,9 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.config import ComputeConfig
-from engine.runs import lock
+from engine.runs import forkserver, lock
 from engine.runs.artifacts import LOG_FILE, run_outcome
-from engine.runs.launch import worker_command
+from engine.runs.launch import WORKER_MODULE, worker_command
 from engine.runs.spec import RunSpec
 
 
@@ -68,8 +69,45 @@ class LocalWorker(subprocess.Popen[bytes]):
             kill_group(self.pid)
 
 
+class ForkedWorker:
+    """A worker forked by this engine process's fork server (`engine.runs.forkserver`): the same
+    process a `LocalWorker` would be, whose exit code the server reports. Should the server end
+    first, the worker's end is told by its pidfd and how it ended by its events."""
+
+    def __init__(self, child: forkserver.ForkedChild, run_dir: Path):
+        self.child = child
+        self.run_dir = run_dir
+        self.pid: int | None = child.pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._wait(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._wait(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            kill_group(self.child.pid)
+
+    def _wait(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                self.returncode = self.child.exit_code(timeout)
+            except forkserver.ServerLost:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if self.child.ended(left):
+                    self.returncode = outcome_code(self.run_dir)
+        return self.returncode
+
+
 class LocalRunner:
-    """One subprocess per run on this machine."""
+    """One process per run on this machine: forked warm where it can be (``warm``: a one-GPU
+    worker of this very interpreter), else a subprocess."""
 
     parallel = False
     retries = False
@@ -79,10 +117,12 @@ class LocalRunner:
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
         compute: ComputeConfig | None = None,
+        warm: bool = True,
     ):
         self.python = python
         self.extra_env = extra_env or {}
         self.compute = compute or ComputeConfig()
+        self.warm = warm
 
     def command(self, run_dir: Path) -> list[str]:
         # Several GPUs train one run; a warm-up or an evaluation runs in one process.
@@ -90,11 +130,18 @@ class LocalRunner:
         compute = self.compute if kind == "train" else self.compute.model_copy(update={"gpus": 1})
         return worker_command(self.python, run_dir, compute)
 
-    def start(self, run_dir: Path) -> LocalWorker:
+    def start(self, run_dir: Path) -> LocalWorker | ForkedWorker:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", **self.extra_env}
+        command = self.command(run_dir)
         with open(run_dir / LOG_FILE, "ab") as log:
+            # Several GPUs (accelerate launch) or another interpreter: what the server has imported
+            # is not what the worker would.
+            if self.warm and command == [sys.executable, "-m", WORKER_MODULE, str(run_dir)]:
+                child = forkserver.fork_worker(run_dir, log.fileno(), env, os.getcwd())
+                if child is not None:
+                    return ForkedWorker(child, run_dir)
             return LocalWorker(
-                self.command(run_dir),
+                command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -115,9 +162,7 @@ class AttachedWorker:
 
     def poll(self) -> int | None:
         if self.returncode is None and lock.holder(self.run_dir) is None:
-            # Not our child: its exit status is not ours to read, its events say how it ended.
-            outcome = run_outcome(self.run_dir)
-            self.returncode = 0 if outcome == "end" else 1 if outcome == "error" else -signal.SIGKILL
+            self.returncode = outcome_code(self.run_dir)
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -134,6 +179,13 @@ class AttachedWorker:
                 kill_group(os.getpgid(self.pid))
             except ProcessLookupError:
                 pass
+
+
+def outcome_code(run_dir: Path) -> int:
+    """The exit code of an ended worker that is not our child: its exit status is not ours to
+    read, its events say how it ended."""
+    outcome = run_outcome(run_dir)
+    return 0 if outcome == "end" else 1 if outcome == "error" else -signal.SIGKILL
 
 
 def kill_group(pgid: int) -> None:
