@@ -1,8 +1,10 @@
 """Multi-turn episodes: the policy writes one action line per turn, the environment answers.
 
-`play` runs a batch of episodes in lockstep: each turn is one batched `generate` over every
-episode still running, stopped at a newline (the end of an action) or EOS. The environment's
-answer is tokenized and appended as environment tokens. What comes out is what TRL's
+`play` runs a batch of episodes in lockstep: each turn is one batched decode over every episode
+still running, stopped at a newline (the end of an action) or EOS. The environment's answer is
+tokenized and appended as environment tokens. The embedded policy decodes through
+`engine.policy.sampler.Session`, whose KV cache holds each episode's context across turns; any
+other model re-encodes the context each turn through HF `generate`. What comes out is what TRL's
 `rollout_func` must return (TINY_POLICY_NOTES: the contract): prompt ids, completion ids that
 hold model AND environment tokens, and `env_mask` (1 for a model token, 0 for an environment
 token), so GRPO trains on the actions only. A submitted episode ends with EOS (an environment
@@ -21,6 +23,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.domains import weighted
 from engine.domains.base import AgenticDomain, Episode, Task, is_agentic
+from engine.policy.sampler import MAX_ROWS, open_session
 from engine.runs.artifacts import RolloutBatch
 
 #: Tokens one action line may take before it is cut (an action is a few words).
@@ -56,41 +59,54 @@ def play(
     clean: bool = False,
 ) -> list[EpisodeRollout]:
     """One episode per task (repeat a task for a group), at most `domain.max_turns` actions and
-    `max_tokens` completion tokens (model and environment) each."""
+    `max_tokens` completion tokens (model and environment) each; batches of at most `MAX_ROWS`
+    episodes play in lockstep."""
+    rollouts: list[EpisodeRollout] = []
+    for start in range(0, len(tasks), MAX_ROWS):
+        rollouts += _play_batch(
+            model, tokenizer, domain, tasks[start : start + MAX_ROWS], max_tokens, do_sample, temperature, clean
+        )
+    return rollouts
+
+
+def _play_batch(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    domain: AgenticDomain,
+    tasks: Sequence[Task],
+    max_tokens: int,
+    do_sample: bool,
+    temperature: float,
+    clean: bool,
+) -> list[EpisodeRollout]:
     newline = tokenizer.convert_tokens_to_ids("\n")
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     stops = [t for t in (newline, eos) if isinstance(t, int) and t != tokenizer.unk_token_id]
     envs = [domain.environment(task, clean=clean) for task in tasks]
     rollouts = [EpisodeRollout(Episode(task=task), list(tokenizer(task.prompt)["input_ids"]), [], []) for task in tasks]
     running = list(range(len(tasks)))
-    sampling: dict[str, Any] = (
-        {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if do_sample else {"do_sample": False}
-    )
     was_training = model.training
     model.eval()
+    # Each running episode's context (prompt, actions, observations) lives in one session: the
+    # sampler's KV cache keeps it across turns, so a turn encodes only the newest observation.
+    longest = max(len(r.prompt_ids) for r in rollouts)
+    session = open_session(model, [r.prompt_ids for r in rollouts], pad, capacity=longest + max_tokens)
+    in_session = list(running)  # the episode of each session row
     for turn in range(domain.max_turns):
         running = [i for i in running if len(rollouts[i].completion_ids) < max_tokens]
         if not running:
             break
-        contexts = [rollouts[i].prompt_ids + rollouts[i].completion_ids for i in running]
-        width = max(map(len, contexts))
-        input_ids = torch.tensor([[pad] * (width - len(c)) + c for c in contexts], device=model.device)
-        attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=model.device)
+        row_of = {i: k for k, i in enumerate(in_session)}
+        session.keep([row_of[i] for i in running])
+        in_session = list(running)
         budget = min(MAX_ACTION_TOKENS, max_tokens - min(len(rollouts[i].completion_ids) for i in running))
-        generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
-            max_new_tokens=max(1, budget),
-            eos_token_id=stops,
-            pad_token_id=pad,
-            **sampling,
-        )[:, width:].tolist()
+        generated = session.decode(max(1, budget), stops, do_sample, temperature)
         still: list[int] = []
+        observations: dict[int, list[int]] = {}
         for i, row in zip(running, generated, strict=True):
             r = rollouts[i]
             room = max_tokens - len(r.completion_ids)
-            cut = next((k + 1 for k, t in enumerate(row) if t in stops), len(row))
-            action_ids = row[: min(cut, room)]
+            action_ids = row[:room]  # a row ends at its first stop token
             r.completion_ids += action_ids
             r.env_mask += [1] * len(action_ids)
             if action_ids and action_ids[-1] == eos:  # the policy ended the episode without submitting
@@ -112,7 +128,13 @@ def play(
                 r.env_mask.append(0)
             elif len(observation_ids) <= room:
                 still.append(i)
+                observations[i] = observation_ids
         running = still
+        if still:
+            row_of = {i: k for k, i in enumerate(in_session)}
+            session.keep([row_of[i] for i in still])
+            session.append([observations[i] for i in still])
+            in_session = list(still)
     for r, env in zip(rollouts, envs, strict=True):
         ended = r.completion_ids and r.completion_ids[-1] == eos
         r.episode.truncated = not ended

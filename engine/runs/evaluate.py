@@ -18,7 +18,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from engine.config import RecipeConfig
 from engine.domains import Domain, Task, score
 from engine.domains.base import AgenticDomain, is_agentic
-from engine.policy.pretrained import PromptFormat, batch_inputs
+from engine.policy.pretrained import PromptFormat
+from engine.policy.sampler import MAX_ROWS, generate_ids
 from engine.runs.artifacts import RolloutBatch
 from engine.runs.episodes import add_episode, play, score_episode
 
@@ -49,38 +50,33 @@ def generate(
     max_new_tokens: int,
     do_sample: bool,
     temperature: float = 1.0,
-    batch_size: int = 256,
+    batch_size: int = MAX_ROWS,
     fmt: PromptFormat | None = None,
 ) -> list[tuple[str, bool, int]]:
     """(completion text, truncated, completion length in tokens incl. EOS) per prompt; `fmt`
-    encodes the prompts (plain text by default)."""
+    encodes the prompts (plain text by default). The embedded policy samples through
+    `engine.policy.sampler` (static KV cache), any other model through HF `generate`."""
     fmt = fmt or PromptFormat()
-    out: list[tuple[str, bool, int]] = []
     eos = tokenizer.eos_token_id
     was_training = model.training
     model.eval()
-    for start in range(0, len(prompts), batch_size):
-        # Encoded as TRL encodes GRPO prompts (special tokens, or the chat template), so that a
-        # version is evaluated on exactly the inputs it trained on.
-        enc = batch_inputs(tokenizer, fmt.encode(tokenizer, prompts[start : start + batch_size]), model.device)
-        sampling = (
-            {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-            if do_sample
-            else {"do_sample": False}
-        )
-        generated = model.generate(
-            **enc,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=eos,
-            pad_token_id=tokenizer.pad_token_id,
-            **sampling,
-        )
-        for row in generated[:, enc["input_ids"].shape[1] :].tolist():
-            if eos in row:
-                cut = row.index(eos)
-                out.append((tokenizer.decode(row[:cut], skip_special_tokens=True), False, cut + 1))
-            else:
-                out.append((tokenizer.decode(row, skip_special_tokens=True), True, len(row)))
+    # Encoded as TRL encodes GRPO prompts (special tokens, or the chat template), so that a
+    # version is evaluated on exactly the inputs it trained on.
+    rows = generate_ids(
+        model,
+        fmt.encode(tokenizer, prompts),
+        max_new_tokens,
+        [eos],
+        tokenizer.pad_token_id,
+        do_sample,
+        temperature,
+        batch_size=batch_size,
+    )
+    out: list[tuple[str, bool, int]] = []
+    for row in rows:  # each row ends at its first EOS, if it has one
+        ended = bool(row) and row[-1] == eos
+        text = tokenizer.decode(row[:-1] if ended else row, skip_special_tokens=True)
+        out.append((text, not ended, len(row)))
     if was_training:
         model.train()
     return out

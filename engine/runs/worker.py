@@ -21,6 +21,7 @@ from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from trl import GRPOConfig, GRPOTrainer
+from trl.extras.profiling import profiling_context
 
 from engine import faults
 from engine.config import DataConfig, RecipeConfig
@@ -34,6 +35,7 @@ from engine.policy.pretrained import (
     save_pointer,
     save_policy,
 )
+from engine.policy.sampler import generate_ids, plain_sampling, supports
 from engine.policy.tiny import build_tiny_policy, warmup_policy
 from engine.runs import lock
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
@@ -257,6 +259,46 @@ class FilteringGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["filter/keep_ratio"].append(float(keep.mean()))
         self._metrics["train"]["filter/threshold"].append(self.group_filter.threshold)
         return output
+
+    def _generate_single_turn(
+        self,
+        prompt_ids: list[list[int]],
+        images: Any,
+        multimodal_fields: dict[str, Any],
+        num_generations: int,
+        has_tool_images: bool = False,
+    ) -> tuple[list[list[int]], list[list[float]] | None]:
+        """TRL's single-turn generation, through `engine.policy.sampler` where that computes the
+        same thing ~3x faster: a supported model (the embedded policy) on one process, text only,
+        plain sampling (what `grpo_args` configures). Each completion is cut after its first EOS
+        among `eos_token_ids`, as TRL's own path cuts it; no logprobs, as TRL's own path gives."""
+        model = self.accelerator.unwrap_model(self.model)
+        fast = (
+            not self.use_vllm
+            and not self.use_transformers_continuous_batching
+            and not self.is_deepspeed_enabled
+            and not self.is_fsdp_enabled
+            and images is None
+            and not multimodal_fields
+            and supports(model)
+            and plain_sampling(self.generation_config, model.generation_config)
+        )
+        if not fast:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images=has_tool_images
+            )
+        config = self.generation_config
+        with profiling_context(self, "sampler.generate"):
+            completion_ids = generate_ids(
+                model,
+                prompt_ids,
+                config.max_new_tokens,
+                self.eos_token_ids,
+                self._tokenizer.pad_token_id,
+                do_sample=True,
+                temperature=config.temperature,
+            )
+        return completion_ids, None
 
 
 class _EventCallback(TrainerCallback):
