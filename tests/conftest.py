@@ -2,8 +2,10 @@ from __future__ import annotations
 
 import re
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import git
 import pytest
@@ -123,3 +125,12 @@ def versions_served(tiny_workspace: Workspace) -> Iterator[Served]:
     s = Served(tiny_workspace.root).start()
     yield s
     s.stop()
+
+
+def until(condition: Callable[[], Any], seconds: float = 60.0) -> Any:
+    """Wait for `condition` to hold (polling, never a fixed sleep); its value."""
+    deadline = time.monotonic() + seconds
+    while not (value := condition()):
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+    return value

@@ -15,8 +15,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,7 @@ from engine.runs.runner import ForkedWorker, LocalRunner, LocalWorker
 from engine.runs.spec import RunSpec
 from engine.runs.worker import EXIT_LOCKED
 from engine.workspace import template_dir
-from tests.conftest import tiny_toml
+from tests.conftest import tiny_toml, until
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +45,6 @@ def make_run(root: Path, name: str, warmup_steps: int = 20) -> Path:
         run_dir
     )
     return run_dir
-
-
-def until(condition: Callable[[], Any], seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return value
 
 
 def stat(pid: int) -> list[str] | None:

@@ -7,8 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, ROLLOUT_DIR, read_event
 from engine.runs.runner import LocalRunner, make_runner
 from engine.runs.spec import RunSpec
 from engine.workspace import Workspace, template_dir
-from tests.conftest import copy_workspace, tiny_toml
+from tests.conftest import copy_workspace, tiny_toml, until
 
 ray = pytest.importorskip("ray")
 
@@ -62,14 +61,6 @@ def runner(address: str, meet: tuple[str, Path] | None = None, **kwargs: Any) ->
     how long each took to import torch."""
     rendezvous = {"EVOTUI_MEET": f"{meet[0]}:2:{meet[1]}"} if meet else {}
     return RayRunner(address=address, extra_env={**ONE_THREAD, **rendezvous}, **kwargs)
-
-
-def until(condition: Callable[[], Any], seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while not (value := condition()):
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
-    return value
 
 
 def worker_pids(run_dir: Path) -> list[int]:
