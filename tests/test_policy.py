@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from engine.config import EmbeddedPolicyConfig, MathDomainConfig, WarmupConfig
@@ -53,3 +54,44 @@ def test_warmup_lowers_the_loss_and_generation_reports_truncation() -> None:
     # Two tokens cannot hold a finished answer chain plus EOS unless EOS comes first.
     for text, truncated, length in outputs:
         assert length <= 2 and (truncated or length == len(text) + 1)
+
+
+def test_a_warmup_batch_cut_by_length_has_the_whole_batchs_loss_and_gradient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sorted pieces, each padded to its own longest row, weighted by their labelled tokens: the
+    same loss and gradient as one batch padded to its longest row."""
+    import random
+
+    from engine.policy import tiny
+    from engine.policy.pretrained import PromptFormat
+
+    domain = make_domain(MathDomainConfig(train_size=64, val_size=8, test_size=8))
+    model, tokenizer = build_tiny_policy(EmbeddedPolicyConfig(), domain, seed=0)
+    rng = random.Random(0)
+    tasks = domain.tasks("train")
+    rows = [tiny._demo_rows(tasks[i], domain, tokenizer, rng, PromptFormat()) for i in range(48)]
+    assert len({len(ids) for ids, _ in rows}) > 4, "rows of several lengths, or the cut changes nothing"
+    pad = tokenizer.pad_token_id
+
+    def loss_and_grads(pieces: int, min_tokens: int) -> tuple[float, list[torch.Tensor]]:
+        monkeypatch.setattr(tiny, "MICRO_BATCHES", pieces)
+        monkeypatch.setattr(tiny, "MIN_PIECE_TOKENS", min_tokens)
+        model.zero_grad(set_to_none=True)
+        loss = float(tiny._backward(model, rows, pad))
+        return loss, [p.grad.clone() for p in model.parameters()]
+
+    whole, whole_grads = loss_and_grads(1, 1)
+    ids, attention, labels = tiny._batch(rows, pad)
+    with torch.no_grad():
+        reference = float(model(input_ids=ids, attention_mask=attention, labels=labels).loss)
+    assert abs(whole - reference) < 1e-6
+    cut, cut_grads = loss_and_grads(4, 1)
+    assert abs(cut - whole) < 1e-5
+    for a, b in zip(cut_grads, whole_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # Too few tokens for a piece: one batch, as before.
+    monkeypatch.setattr(tiny, "MIN_PIECE_TOKENS", 10**9)
+    pieces_seen = []
+    real_batch = tiny._batch
+    monkeypatch.setattr(tiny, "_batch", lambda r, p: pieces_seen.append(len(r)) or real_batch(r, p))
+    tiny._backward(model, rows, pad)
+    assert pieces_seen == [len(rows)]
