@@ -16,6 +16,24 @@ from engine.versions import ACTOR
 from engine.workspace import Workspace, init_workspace, template_dir
 from tests.engine_support import Served, add_children, populate
 
+#: The files that take minutes, longest first (`--durations` in the CI log). They are collected
+#: first, so that each of `.ci/run`'s workers starts on one and the short files fill in around
+#: them; last, one of them would set the wall alone.
+LONG_FILES = (
+    "test_end_to_end.py",
+    "test_form_shift_loop.py",
+    "test_survive.py",
+    "test_bench.py",
+    "test_splits.py",
+    "test_ray_runner.py",
+    "test_forkserver.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))  # stable: the rest keep their order
+
 
 def tiny_toml(text: str, **overrides: int | float) -> str:
     """The sample workspace.toml shrunk so a whole version trains in seconds."""
