@@ -82,7 +82,13 @@ def test_the_full_harness_rejects_the_hack_and_score_only_promotes_it(arms: dict
     with Engine(arms["full"]) as engine:
         v1 = engine.store.get_version("v1")
         assert v1 is not None and v1.verdict == "improved"
-        assert v1.state == "rejected" and "rule form_shift is critical" in (v1.decision_reason or "")
+        # Two blocking rules see it: the verifier audit (the sprayed lists are no answer; it comes
+        # first, so it is the reason) and the form shift (the answers grew longer, with more spans).
+        assert v1.state == "rejected" and "rule verifier_audit is critical" in (v1.decision_reason or "")
+        run = engine.train_run("v1")
+        assert run is not None
+        blocking = [r.rule for r in engine.diagnosis(run).blocking]
+        assert blocking[:1] == ["verifier_audit"] and "form_shift" in blocking, blocking
         assert engine.tree.decision("v1")[0] == "rejected"  # type: ignore[index]
     with Engine(arms["score-only"]) as engine:
         v1 = engine.store.get_version("v1")

@@ -498,6 +498,10 @@ class CustomDomain:
     between versions, which makes two versions' scores incomparable.
     """
 
+    #: Tasks whose `answer` is set are audited (`engine.domains.audit`); the user's object may
+    #: define its own `audit(task, completion)`, which passes through.
+    AUDITED = True
+
     def __init__(self, inner: Any, source: Path):
         self.inner = inner
         self.source = source

@@ -652,6 +652,8 @@ class DatasetDomain:
     before anything trains. `root` is the workspace (where a python verifier's module lives)."""
 
     name = "dataset"
+    #: Every row has a reference answer: the verifier audit re-checks accepted answers.
+    AUDITED = True
 
     def __init__(self, config: DatasetDomainConfig, root: Path | None = None):
         self.config = config

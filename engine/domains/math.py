@@ -31,6 +31,8 @@ def is_well_formed(completion: str) -> bool:
 
 class MathDomain:
     name = "math"
+    #: Every task has a reference answer: the verifier audit re-checks accepted answers.
+    AUDITED = True
     alphabet = "0123456789+-=;:AQ\n"
 
     def __init__(self, config: MathDomainConfig):

@@ -11,7 +11,9 @@ from engine.harness.base import Context, Findings, RuleResult, rule
 #: (a leak, a form the verifier mistakes for skill, a shaped reward) or the policy collapsed. The
 #: other rules name bottlenecks (truncation, too little signal, ...): what to change next, not a
 #: reason to distrust a measured gain. The coach's decision and the benchmark's check read this.
-BLOCKING_RULES = frozenset({"leak", "stopped_early", "form_shift", "reward_hacking", "exploration_collapse"})
+BLOCKING_RULES = frozenset(
+    {"leak", "stopped_early", "form_shift", "reward_hacking", "exploration_collapse", "verifier_audit"}
+)
 
 
 def is_blocking(rule: str, severity: str) -> bool:
@@ -45,6 +47,20 @@ def leak(f: Findings, ctx: Context) -> RuleResult | None:
         "critical",
         ("version.clean_gap_delta", "version.clean_gap", "version.delta_to_parent"),
     )
+
+
+@rule(
+    "verifier_audit",
+    priority=1,
+    candidate_kinds=("reward: fix the verifier", "reward: exact-answer check"),
+)
+def verifier_audit(f: Findings, ctx: Context) -> RuleResult | None:
+    """The version's val gain is the verifier's alone: re-checked against the tasks' reference
+    answers, it is not a gain (`version.audit.gain`, critical; `engine.harness.analyzers.audit`)."""
+    finding = f.get("version.audit.gain")
+    if finding is None or finding.severity != "critical":
+        return None
+    return RuleResult(finding.explanation, "critical", ("version.audit.gain", "version.audit.refused_share"))
 
 
 @rule(

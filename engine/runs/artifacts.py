@@ -55,6 +55,8 @@ ROLLOUT_SCHEMA = pa.schema(
         ("turns", pa.string()),
         ("num_turns", pa.int32()),
         ("tool_calls", pa.list_(TOOL_CALL)),
+        ("reference", pa.string()),
+        ("audit", pa.bool_()),
     ]
 )
 
@@ -81,6 +83,10 @@ class RolloutBatch:
     turns: list[str | None] = field(default_factory=list)
     num_turns: list[int | None] = field(default_factory=list)
     tool_calls: list[list[dict[str, Any]] | None] = field(default_factory=list)
+    #: Evaluation only (else left empty): the task's reference answer and the verifier audit's
+    #: reading of the completion (None: no audit applies), `engine.domains.audit`.
+    reference: list[str | None] = field(default_factory=list)
+    audit: list[bool | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.task_id)
@@ -105,6 +111,8 @@ class RolloutBatch:
             "turns": self.turns or [None] * n,
             "num_turns": self.num_turns or [None] * n,
             "tool_calls": self.tool_calls or [None] * n,
+            "reference": self.reference or [None] * n,
+            "audit": self.audit or [None] * n,
         }
         return pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)
 

@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.config import RecipeConfig
 from engine.domains import Domain, Task, score
+from engine.domains.audit import auditor
 from engine.domains.base import AgenticDomain, is_agentic
 from engine.policy.pretrained import PromptFormat
 from engine.policy.sampler import MAX_ROWS, generate_ids
@@ -162,6 +163,10 @@ def add_completion(
     """One scored single-turn completion (text, truncated, length) as a row of `batch`."""
     text, truncated, length = output
     total, components = score(domain, task, text, weights)
+    check = auditor(domain)
+    audit = None if check is None else check(task, text)
+    batch.reference.append(None if audit is None else task.answer)
+    batch.audit.append(audit)
     batch.group_id.append(group_id)
     batch.sample_idx.append(sample_idx)
     batch.task_id.append(task.task_id)

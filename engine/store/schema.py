@@ -275,6 +275,11 @@ MIGRATIONS: list[str] = [
     ALTER TABLE bench_results ADD COLUMN test_sampled DOUBLE;
     ALTER TABLE bench_results ADD COLUMN test_halfwidth DOUBLE;     -- 95% noise floor of test_sampled
     """,
+    # 9: the verifier audit: a second opinion on every evaluated answer whose task has a reference.
+    """
+    ALTER TABLE rollouts ADD COLUMN reference VARCHAR;  -- the task's reference answer (evaluation only)
+    ALTER TABLE rollouts ADD COLUMN audit BOOLEAN;      -- the audit's reading; NULL: no audit applies
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
