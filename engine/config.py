@@ -501,9 +501,22 @@ class EvalConfig(_Section):
     primary: Literal["sampled", "greedy"] = Field(
         "sampled",
         description="The pre-declared comparison a verdict decides on (per task, the mean over the sampled "
-        "passes; or the greedy pass). The other is reported, and only blocks: a significant move the other way "
-        "makes the verdict mixed.",
+        "passes; or the greedy pass). The other is reported; it blocks only as a guardrail.",
     )
+    guardrails: dict[Literal["sampled", "greedy"], float] = Field(
+        default_factory=dict,
+        description="Decodings besides the primary that block a promotion, each with a margin: "
+        "{ greedy = 0.05 } makes a primary gain mixed when greedy's whole 95% interval lies below -0.05.",
+    )
+
+    @model_validator(mode="after")
+    def _guardrails(self) -> EvalConfig:
+        for decoding, margin in self.guardrails.items():
+            if decoding == self.primary:
+                raise ValueError(f"guardrails.{decoding}: the primary decides; a guardrail is another decoding")
+            if not 0 <= margin < 1:
+                raise ValueError(f"guardrails.{decoding} = {margin}: a margin is a share of tasks in [0, 1)")
+        return self
 
 
 class BudgetConfig(_Section):

@@ -29,7 +29,7 @@ from engine.runs.ingest import ingest_run
 from engine.runs.runner import AttachedWorker, RunHandle, Runner, make_runner
 from engine.runs.spec import RunKind, RunSpec
 from engine.store import RunRecord, Store, VersionRecord
-from engine.verdict import Scores, Verdict, clean_split, compare_runs, split_scores
+from engine.verdict import Scores, Verdict, clean_split, compare_runs, flips, split_scores
 from engine.versions import DECISIONS, VersionTree
 from engine.workspace import Workspace
 
@@ -264,7 +264,9 @@ class Engine:
         self.store.update_version(run.version, state="trained", checkpoint=checkpoint)
         self._record_scores(run.version, run.id)
 
-    def judge(self, version: str) -> Verdict:
+    def _compared(self, version: str) -> tuple[str, RunRecord, RunRecord, tuple[str, str]]:
+        """What a verdict on `version` compares: its parent, both evaluation runs, and the split
+        of each."""
         record = self.store.get_version(version)
         if record is None or record.parent is None:
             raise ValueError(f"{version} has no parent to be judged against")
@@ -276,8 +278,21 @@ class Engine:
             # The child changed the environment (e.g. closed a leak): val as each saw it is not
             # common ground, the clean replay is (a run without one was clean already).
             splits = (clean_split(self.store, parent_run.id), clean_split(self.store, child_run.id))
-        primary = self.version_config(version).eval.primary
-        verdict = compare_runs(self.store, record.parent, parent_run.id, version, child_run.id, splits, primary)
+        return record.parent, parent_run, child_run, splits
+
+    def judge(self, version: str) -> Verdict:
+        parent, parent_run, child_run, splits = self._compared(version)
+        protocol = self.version_config(version).eval
+        verdict = compare_runs(
+            self.store,
+            parent,
+            parent_run.id,
+            version,
+            child_run.id,
+            splits,
+            protocol.primary,
+            protocol.guardrails,
+        )
         main = verdict.primary_delta
         self.store.update_version(
             version,
@@ -287,6 +302,13 @@ class Engine:
         )
         self.store.add_event("verdict", {"label": verdict.label, "summary": verdict.summary()}, version=version)
         return verdict
+
+    def flips(self, version: str, examples: int = 5) -> dict[str, Any]:
+        """The val tasks whose outcome flipped between the version and its parent, on the primary
+        decoding (`engine.verdict.flips`)."""
+        _, parent_run, child_run, splits = self._compared(version)
+        primary = self.version_config(version).eval.primary
+        return flips(self.store, parent_run.id, child_run.id, primary, splits, examples)
 
     def decide(self, version: str, decision: str, reason: str, case: dict[str, Any] | None = None) -> None:
         """Record a decision as one unit: the version tree's tag, the version's state, the event

@@ -3,15 +3,18 @@
 Per-task correctness of both versions on the same val tasks is compared with a paired
 bootstrap (seeded); a difference counts only when its 95% interval excludes zero. One comparison
 is pre-declared as primary (`[eval] primary`: the sampled passes' per-task mean by default) and
-decides; the other is reported and can only block (a significant move the other way makes the
-verdict mixed), so a promotion rests on one test at 95%, not on whichever of two came out. A task is the
-same task only when its id and its prompt are: versions whose data or environment differ are
-compared on what they share, never on tasks that merely carry the same id.
+decides, so a promotion rests on one test at 95%, not on whichever of two came out. The other
+decoding is reported; it blocks only where the workspace declares it a guardrail with a margin
+(`[eval] guardrails = { greedy = 0.05 }`): a primary gain whose guardrail's whole interval lies
+below -margin is mixed. A task is the same task only when its id and its prompt are: versions
+whose data or environment differ are compared on what they share, never on tasks that merely
+carry the same id.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -52,31 +55,50 @@ class Verdict:
     split: str = "val"
     #: The pre-declared decoding that decides.
     primary: str = "sampled"
+    #: Decodings that block a primary gain, each with its margin: `(("greedy", 0.05),)`.
+    guardrails: tuple[tuple[str, float], ...] = ()
 
     @property
     def primary_delta(self) -> Delta | None:
         return next((d for d in self.deltas if d.decoding == self.primary), None)
 
     @property
+    def breached(self) -> list[tuple[Delta, float]]:
+        """The guardrails whose whole interval lies below -margin, with their margins."""
+        margins = dict(self.guardrails)
+        return [
+            (d, margins[d.decoding]) for d in self.deltas if d.decoding in margins and d.high < -margins[d.decoding]
+        ]
+
+    @property
     def label(self) -> str:
         main = self.primary_delta
         if main is None or main.sign == 0:
             return "insufficient evidence"
-        if any(d.sign == -main.sign for d in self.deltas):
+        if main.sign > 0 and self.breached:
             return "mixed"
         return "improved" if main.sign > 0 else "regressed"
 
     def summary(self) -> str:
         ordered = sorted(self.deltas, key=lambda d: d.decoding != self.primary)
+        margins = dict(self.guardrails)
+
+        def role(d: Delta) -> str:
+            if d.decoding == self.primary:
+                return " (primary)"
+            return f" (guardrail -{margins[d.decoding]:g})" if d.decoding in margins else ""
+
         parts = [
-            f"{d.decoding}{' (primary)' if d.decoding == self.primary else ''} {d.parent:.3f}->{d.child:.3f} "
-            f"({d.diff:+.3f} ±{d.noise_floor:.3f})"
-            for d in ordered
+            f"{d.decoding}{role(d)} {d.parent:.3f}->{d.child:.3f} ({d.diff:+.3f} ±{d.noise_floor:.3f})" for d in ordered
         ]
         where = "val tasks" if self.split == "val" else f"val tasks, {self.split} environment"
         if not self.deltas:
             return f"{self.label}: no {where} in common"
-        return f"{self.label}: " + "; ".join(parts) + f" on {self.n_tasks} {where}"
+        breach = "".join(
+            f"; {d.decoding} fell below its guardrail (interval [{d.low:+.3f}, {d.high:+.3f}] under -{m:g})"
+            for d, m in (self.breached if self.label == "mixed" else [])
+        )
+        return f"{self.label}: " + "; ".join(parts) + f" on {self.n_tasks} {where}{breach}"
 
 
 def per_task_correctness(store: Store, run_id: str, decoding: str, split: str = "val") -> dict[tuple[str, str], float]:
@@ -159,6 +181,7 @@ def compare_runs(
     child_run: str,
     splits: tuple[str, str] = ("val", "val"),
     primary: str = "sampled",
+    guardrails: dict[str, float] | None = None,
 ) -> Verdict:
     """The child's run against the parent's on the tasks both evaluated (`splits`: which split of
     each run, e.g. the parent's clean replay against a child whose val is clean)."""
@@ -176,4 +199,67 @@ def compare_runs(
         low, high = paired_bootstrap(pa, pb)
         deltas.append(Delta(decoding, float(pa.mean()), float(pb.mean()), low, high))
     split = splits[1] if splits[0] == splits[1] else "clean"
-    return Verdict(parent, child, n_tasks, tuple(deltas), split, primary)
+    return Verdict(parent, child, n_tasks, tuple(deltas), split, primary, tuple(sorted((guardrails or {}).items())))
+
+
+def flips(
+    store: Store,
+    parent_run: str,
+    child_run: str,
+    decoding: str,
+    splits: tuple[str, str] = ("val", "val"),
+    examples: int = 5,
+) -> dict[str, Any]:
+    """The tasks whose outcome flipped between the parent's run and the child's on `decoding`
+    (solved: the task's mean correctness over its passes is at least one half), counted each way,
+    with up to `examples` of each way: the prompt, both versions' first answers and the reference
+    where the domain has one. What a person reads before approving a verdict."""
+    rows = store.query(
+        """
+        WITH sides AS (SELECT * FROM (VALUES ($parent, $parent_split, 'parent'), ($child, $child_split, 'child'))
+                       t(run_id, split, side)),
+        last AS (
+            SELECT s.side, o.task_id, o.prompt, o.sample_idx, o.completion, o.reference,
+                   coalesce(o.reward_components['correctness'], o.reward) AS c
+            FROM sides s JOIN rollouts o ON o.run_id = s.run_id AND o.split = s.split
+            WHERE o.decoding = $decoding
+            QUALIFY o.step = max(o.step) OVER (PARTITION BY s.side)
+        ),
+        per AS (
+            SELECT side, task_id, prompt, avg(c) >= 0.5 AS solved, arg_min(completion, sample_idx) AS answer,
+                   any_value(reference) AS reference
+            FROM last GROUP BY ALL
+        ),
+        paired AS (
+            SELECT p.task_id, p.prompt, p.solved AS before, c.solved AS after, p.answer AS parent_answer,
+                   c.answer AS child_answer, coalesce(c.reference, p.reference) AS reference
+            FROM per p JOIN per c USING (task_id, prompt) WHERE p.side = 'parent' AND c.side = 'child'
+        ),
+        flipped AS (
+            SELECT *, row_number() OVER (PARTITION BY after ORDER BY task_id) AS k
+            FROM paired WHERE before <> after
+        )
+        SELECT (SELECT count(*) FROM paired), (SELECT count(*) FILTER (WHERE after) FROM flipped),
+               (SELECT count(*) FILTER (WHERE NOT after) FROM flipped),
+               (SELECT list({'direction': CASE WHEN after THEN 'to_right' ELSE 'to_wrong' END, 'task': task_id,
+                             'prompt': prompt, 'parent': parent_answer, 'child': child_answer, 'reference': reference}
+                            ORDER BY after DESC, task_id)
+                FROM flipped WHERE k <= $examples)
+        """,
+        {
+            "parent": parent_run,
+            "child": child_run,
+            "parent_split": splits[0],
+            "child_split": splits[1],
+            "decoding": decoding,
+            "examples": examples,
+        },
+    )
+    tasks, to_right, to_wrong, shown = rows[0]
+    return {
+        "decoding": decoding,
+        "tasks": int(tasks),
+        "to_right": int(to_right or 0),
+        "to_wrong": int(to_wrong or 0),
+        "examples": list(shown or []),
+    }

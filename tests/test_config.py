@@ -76,3 +76,14 @@ def test_load_config_names_missing_file(tmp_path: Path) -> None:
     with pytest.raises(WorkspaceConfigError) as info:
         load_config(tmp_path)
     assert str(tmp_path / CONFIG_FILE) in str(info.value) and "evotui init" in str(info.value)
+
+
+def test_a_guardrail_is_another_decoding_with_a_margin(sample_toml: str) -> None:
+    config = parse_config(sample_toml, Path("sample/workspace.toml"))
+    assert config.eval.primary == "sampled" and config.eval.guardrails == {"greedy": 0.05}
+    (problem,) = _errors(sample_toml.replace("guardrails = { greedy = 0.05 }", "guardrails = { sampled = 0.05 }"))
+    assert "guardrails.sampled: the primary decides" in problem
+    (problem,) = _errors(sample_toml.replace("guardrails = { greedy = 0.05 }", "guardrails = { greedy = 5 }"))
+    assert "guardrails.greedy = 5" in problem and "[0, 1)" in problem
+    (problem,) = _errors(sample_toml.replace("guardrails = { greedy = 0.05 }", "guardrails = { beam = 0.05 }"))
+    assert "beam" in problem

@@ -27,6 +27,7 @@ from engine.core import Engine, VersionPlan
 from engine.workspace import Workspace
 from evotui.tui.app import EvoApp
 from evotui.tui.screens.diff import DiffScreen, diff_summary
+from evotui.tui.screens.flips import FlipsScreen, flips_summary
 from evotui.tui.screens.memory import MemoryScreen
 from evotui.tui.screens.rollouts import (
     DETAIL_DELAY_SECONDS,
@@ -94,6 +95,20 @@ def served_child(tiny_workspace: Workspace) -> Iterator[Served]:
                 "v0", "v1", {CONFIG_FILE: text}, iv.kind, iv.factor, {}, iv.hypothesis, "c", "r", 1, iv.template
             )
         )
+    yield from serve(tiny_workspace)
+
+
+@pytest.fixture
+def served_flips(tiny_workspace: Workspace, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+    """v0 and a better v1, both evaluated (scripted runs: tests/scripted_runs.py)."""
+    from typer.testing import CliRunner
+
+    from evotui.cli import app
+    from tests.scripted_runs import ScriptedRunner
+
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner({"v0": 0.3, "v1": 0.5}.__getitem__))
+    result = CliRunner().invoke(app, ["run", str(tiny_workspace.root), "--auto-approve", "--versions", "1"])
+    assert result.exit_code == 0, result.output
     yield from serve(tiny_workspace)
 
 
@@ -425,6 +440,41 @@ def test_the_memory_screen_shows_the_cards_the_ledger_and_switches_tabs_with_dig
         assert status(pilot, "#memory-status") == "1 skills · 0 cases · 1 versions · 0 retrievals"
 
     drive(served_memory.root, script)
+
+
+def test_the_flips_screen_shows_each_flipped_task_with_both_answers(served_flips: Served) -> None:
+    with Engine.open(served_flips.root) as engine:  # the flips, recomputed here from the rollouts
+        runs = {v: engine.eval_run(v) for v in ("v0", "v1")}
+        rows = engine.store.query(
+            "SELECT o.run_id, o.task_id, avg(o.reward_components['correctness']) FROM rollouts o"
+            " WHERE o.run_id IN (?, ?) AND o.split = 'val' AND o.decoding = 'sampled' GROUP BY ALL",
+            [runs["v0"].id, runs["v1"].id],  # type: ignore[union-attr]
+        )
+    solved = {(run, task): mean >= 0.5 for run, task, mean in rows}
+    tasks = {task for _, task, _ in rows}
+    before = {t: solved[(runs["v0"].id, t)] for t in tasks}  # type: ignore[union-attr]
+    after = {t: solved[(runs["v1"].id, t)] for t in tasks}  # type: ignore[union-attr]
+    to_right = sorted(t for t in tasks if after[t] and not before[t])
+    to_wrong = sorted(t for t in tasks if before[t] and not after[t])
+    assert to_right and to_wrong  # a scripted 0.3 -> 0.5 flips tasks both ways
+
+    async def script(pilot: Pilot[None]) -> None:
+        assert isinstance(pilot.app, EvoApp)
+        pilot.app.workbench.selected = "v1"
+        await pilot.press("F")
+        await settle(pilot)
+        screen = pilot.app.screen
+        assert isinstance(screen, FlipsScreen) and screen.reply is not None
+        assert (screen.reply["to_right"], screen.reply["to_wrong"]) == (len(to_right), len(to_wrong))
+        assert screen.reply["tasks"] == len(tasks)
+        table = screen.query_one("#flips-table", DataTable)
+        shown = [table.get_row_at(i) for i in range(table.row_count)]
+        assert [r[1] for r in shown if r[0] == "→ right"] == to_right[: len([r for r in shown if r[0] == "→ right"])]
+        assert {r[1] for r in shown} <= set(to_right) | set(to_wrong)
+        assert all(r[3] and r[4] for r in shown)  # both versions' answers, side by side
+        assert status(pilot, "#flips-status") == flips_summary("v1", screen.reply)
+
+    drive(served_flips.root, script)
 
 
 def test_the_diff_screen_shows_what_the_child_changed(served_child: Served) -> None:

@@ -179,6 +179,7 @@ METHODS: dict[str, type[BaseModel]] = {
     "stop": NoParams,
     "memory": NoParams,
     "diff": DiffParams,
+    "flips": VersionParams,
 }
 
 

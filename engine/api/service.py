@@ -41,6 +41,9 @@ from engine.harness.health import build_report
 from engine.store import Store
 from engine.versions import VersionTree, VersionTreeError
 
+#: Flipped tasks a `flips` reply shows each way (the counts are whole).
+FLIP_EXAMPLES = 200
+
 Publish = Callable[[str, dict[str, Any]], None]
 
 
@@ -206,8 +209,9 @@ class Service:
     def do_report(self, p: ReportParams) -> dict[str, Any]:
         view = self._view()
         try:
-            return build_report(self.store, p.version, view.diagnose_version(p.version), p.against)
-        except ValueError as exc:
+            primary = view.version_config(p.version).eval.primary
+            return build_report(self.store, p.version, view.diagnose_version(p.version), p.against, primary)
+        except (ValueError, VersionTreeError) as exc:
             raise ProtocolError("not_found", str(exc)) from None
 
     def do_backtest(self, p: BacktestParams) -> dict[str, Any]:
@@ -289,6 +293,13 @@ class Service:
 
     def do_memory(self, _: BaseModel) -> dict[str, Any]:
         return queries.memory(self.store, self.root)
+
+    def do_flips(self, p: VersionParams) -> dict[str, Any]:
+        """The val tasks whose outcome flipped between the version and its parent."""
+        try:
+            return {"version": p.version, **self._view().flips(p.version, examples=FLIP_EXAMPLES)}
+        except (ValueError, VersionTreeError) as exc:
+            raise ProtocolError("not_found", str(exc)) from None
 
     def do_diff(self, p: DiffParams) -> dict[str, Any]:
         tree = VersionTree(self.root)  # its own repository object: the coach thread uses the engine's

@@ -27,12 +27,36 @@ def gate_report_lines(report: Any, detail: bool = True) -> list[str]:
         investigation = report.get("investigation")
         if investigation:
             moved = ", ".join(m["metric"] for m in investigation["anomaly"].get("moved", [])[:3])
-            lines.append(f"unexplained: no rule fired{f'; moved most: {moved}' if moved else ''}")
+            head = "unexplained: no rule fired" if investigation["anomaly"].get("unexplained", True) else "every gain"
+            lines.append(f"{head}{f'; moved most: {moved}' if moved else ''}")
             found = [p for p in investigation["probes"] if p["found"]]
             lines += [f"found: {p['summary']}" for p in found] or [f"investigated: {investigation['summary']}"]
+        if report.get("flips"):
+            lines += flip_lines(report["flips"], examples=3 if detail else 0)
         proposed = f"proposed: {report['decision']}"
         return [*lines, f"{proposed} ({report['reason']})" if detail else proposed]
+    if isinstance(report, dict) and report.get("decision") == "held":
+        return [f"held for a person: {report['reason']}"]
     if isinstance(report, dict) and "rules" in report:
         rules = report["rules"]
         return [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules] or ["no rule fired"]
     return []
+
+
+def flip_lines(flips: dict[str, Any], examples: int = 3) -> list[str]:
+    """The val tasks whose outcome flipped between parent and child (`engine.verdict.flips`): the
+    counts each way, and a few of each with both versions' answers side by side."""
+    lines = [
+        f"flips ({flips['decoding']}): {flips['to_right']} wrong -> right, {flips['to_wrong']} right -> wrong "
+        f"of {flips['tasks']} tasks"
+    ]
+    for direction, label in (("to_right", "wrong -> right"), ("to_wrong", "right -> wrong")):
+        for f in [f for f in flips["examples"] if f["direction"] == direction][:examples]:
+            reference = f" (reference {f['reference']})" if f.get("reference") else ""
+            lines.append(f"  {label}: {_flat(f['prompt'])}: {_flat(f['parent'])!r} -> {_flat(f['child'])!r}{reference}")
+    return lines
+
+
+def _flat(text: str, limit: int = 48) -> str:
+    flat = text.strip().replace("\n", "\\n")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

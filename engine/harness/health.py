@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.harness.diagnose import Diagnosis
 from engine.store import Store
+from engine.verdict import flips
 
 TREND_KEYS = (
     "reward",
@@ -108,7 +109,11 @@ def samples(store: Store, run_id: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
-def build_report(store: Store, version: str, diagnosis: Diagnosis, against: str | None = None) -> dict[str, Any]:
+def build_report(
+    store: Store, version: str, diagnosis: Diagnosis, against: str | None = None, decoding: str = "sampled"
+) -> dict[str, Any]:
+    """A version's health report (`render_markdown`); against its parent (or `against`), the
+    reward flow and the val tasks whose outcome flipped on `decoding` (the primary)."""
     record = store.get_version(version)
     if record is None:
         raise ValueError(f"no version {version!r}")
@@ -127,6 +132,7 @@ def build_report(store: Store, version: str, diagnosis: Diagnosis, against: str 
     mine, theirs = _eval_run(store, version), _eval_run(store, against) if against else None
     if mine and theirs:
         report["reward_flow"] = {"against": against, **reward_flow(store, theirs, mine)}
+        report["flips"] = {"against": against, **flips(store, theirs, mine, decoding)}
     steps = [
         r[0]
         for r in store.query(
@@ -180,6 +186,21 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += [f"- {k}: {n}" for k, n in sorted(flow["matrix"].items())]
         if flow["regressed_tasks"]:
             lines.append(f"- regressed tasks: {', '.join(flow['regressed_tasks'])}")
+    if "flips" in report:
+        f = report["flips"]
+        lines += [
+            "",
+            f"## Flips on val ({f['decoding']}), {f['against']} → {report['version']}",
+            "",
+            f"{f['to_right']} tasks wrong → right, {f['to_wrong']} right → wrong, of {f['tasks']}.",
+        ]
+        if f["examples"]:
+            lines += ["", f"| | prompt | {f['against']} | {report['version']} | reference |", "|---|---|---|---|---|"]
+            lines += [
+                f"| {'→ right' if x['direction'] == 'to_right' else '→ wrong'} | `{_cell(x['prompt'])}` | "
+                f"`{_cell(x['parent'])}` | `{_cell(x['child'])}` | {_cell(x['reference'] or '—')} |"
+                for x in f["examples"]
+            ]
     if "reward_flow_steps" in report:
         flow = report["reward_flow_steps"]
         lines += ["", f"## Reward flow on val (greedy), step {flow['from_step']} → step {flow['to_step']}", ""]
@@ -192,3 +213,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                 prompt = r["prompt"].strip().replace("\n", " ")
                 lines.append(f"- `{r['id']}` reward {_fmt(r['reward'])}: `{prompt}` → `{r['completion'][:160]}`")
     return "\n".join(lines) + "\n"
+
+
+def _cell(text: str, limit: int = 60) -> str:
+    flat = text.strip().replace("\n", " ").replace("|", "/").replace("`", "'")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

@@ -48,6 +48,8 @@ class EvoApp(App[None]):
         Binding("o", "rollouts", "Rollouts", id="rollouts"),
         Binding("m", "memory", "Memory", id="memory"),
         Binding("D", "diff", "Diff", id="diff"),
+        # Not in the footer (it is full at 80 columns): `?` lists it, and the README.
+        Binding("F", "flips", "Flips", id="flips", show=False),
     ]
 
     def __init__(self, workspace: Path, start_engine: bool = True, reconnect_delay: float = 0.5):
@@ -163,6 +165,11 @@ class EvoApp(App[None]):
         from evotui.tui.screens.diff import DiffScreen
 
         self._switch(DiffScreen(self.workbench.selected))
+
+    def action_flips(self) -> None:
+        from evotui.tui.screens.flips import FlipsScreen
+
+        self._switch(FlipsScreen(self.workbench.selected))
 
     def _switch(self, screen: Any) -> None:
         self.action_workbench()
