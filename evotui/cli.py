@@ -129,7 +129,7 @@ class _RunDisplay:
 
 def _terminal_answer(gate: Gate) -> Answer | None:
     """Ask at the terminal: approve, revise (with feedback) or abort."""
-    forced = ", forced by consecutive failures" if gate.forced else ""
+    forced = ", forced: a person must answer it" if gate.forced else ""
     return _terminal_answer_for(gate.id, gate.kind + forced, gate.question)
 
 
@@ -210,7 +210,12 @@ def run(
     workspace: WorkspaceArg,
     versions: Annotated[int, typer.Option(min=1, help="How many versions to train.")] = 1,
     auto_approve: Annotated[
-        bool, typer.Option("--auto-approve", help="Approve every gate, except those consecutive failures force.")
+        bool,
+        typer.Option(
+            "--auto-approve",
+            help="Approve every gate, except forced ones (after consecutive failures; a version held because "
+            "judging it failed).",
+        ),
     ] = False,
     harness: Annotated[
         str | None, typer.Option(help="full, or score-only (the ablation); default: [coach] harness.")
@@ -251,7 +256,7 @@ def run(
                 console.print(training)
             if result.waiting is not None:
                 g = result.waiting
-                why = " (forced: consecutive failures)" if g.forced else ""
+                why = " (forced: --auto-approve does not answer it)" if g.forced else ""
                 console.print(
                     f"[yellow]gate {g.id} waits{why}:[/] {escape(g.question)}\n"
                     f"  evotui gates {engine.workspace.root}   (its report)\n"

@@ -186,23 +186,41 @@ def verdict_from(parent: np.ndarray, child: np.ndarray, decoding: str = "sampled
     return Verdict("v0", "v1", len(parent), (Delta(decoding, parent.mean(), child.mean(), low, high),))
 
 
-def test_the_primary_comparison_decides_and_the_other_only_blocks() -> None:
-    """Two decodings are two tests: only the pre-declared one can make a version improved."""
+def test_the_primary_comparison_decides_and_only_a_guardrail_blocks() -> None:
+    """Two decodings are two tests: only the pre-declared one decides; the other blocks a gain only
+    as a declared guardrail, when its whole interval lies below -margin."""
     up, flat, down = (
         Delta("x", 0.4, 0.5, 0.05, 0.15),
         Delta("x", 0.4, 0.41, -0.02, 0.04),
         Delta("x", 0.4, 0.3, -0.15, -0.05),
     )
 
-    def verdict(sampled: Delta, greedy: Delta, primary: str = "sampled") -> str:
+    def verdict(sampled: Delta, greedy: Delta, primary: str = "sampled", margin: float | None = None) -> str:
         deltas = (replace(sampled, decoding="sampled"), replace(greedy, decoding="greedy"))
-        return Verdict("v0", "v1", 200, deltas, primary=primary).label
+        other = "greedy" if primary == "sampled" else "sampled"
+        guardrails = () if margin is None else ((other, margin),)
+        return Verdict("v0", "v1", 200, deltas, primary=primary, guardrails=guardrails).label
 
     assert verdict(up, flat) == "improved"
     assert verdict(flat, up) == "insufficient evidence"  # greedy alone rose: not the pre-declared test
     assert verdict(flat, up, primary="greedy") == "improved"
-    assert verdict(up, down) == "mixed" and verdict(down, up) == "mixed"
+    assert verdict(up, down) == "improved"  # greedy fell, but nobody declared it a guardrail
+    assert verdict(down, up) == "regressed"
     assert verdict(down, flat) == "regressed"
+    # A guardrail blocks a gain when its whole interval is below -margin (down's is [-0.15, -0.05]).
+    assert verdict(up, down, margin=0.0) == "mixed"
+    assert verdict(up, down, margin=0.04) == "mixed"
+    assert verdict(up, down, margin=0.05) == "improved"  # -0.05 is not below -0.05
+    assert verdict(up, flat, margin=0.0) == "improved"  # flat's interval reaches above 0
+    assert verdict(down, up, primary="sampled", margin=0.0) == "regressed"  # guards a gain, never rescues a loss
+    mixed = Verdict(
+        "v0",
+        "v1",
+        200,
+        (replace(up, decoding="sampled"), replace(down, decoding="greedy")),
+        guardrails=(("greedy", 0.02),),
+    )
+    assert "greedy (guardrail -0.02)" in mixed.summary() and "fell below its guardrail" in mixed.summary()
     summary = Verdict("v0", "v1", 200, (replace(flat, decoding="greedy"), replace(up, decoding="sampled"))).summary()
     assert summary.startswith("improved: sampled (primary) 0.400->0.500 (+0.100 ±0.050); greedy")
 
@@ -295,7 +313,7 @@ def lengths(improved: list[int], regressed: list[int]) -> dict[str, tuple[str, i
 
 
 def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_not(tiny_workspace: Workspace) -> None:
-    store = judged_store(tiny_workspace.root / "judged.duckdb", lengths([30, 25, 28, 40], [8, 10, 9, 12]))
+    store = judged_store(tiny_workspace.root / "judged.duckdb", lengths([30, 25, 28, 40, 35], [8, 10, 9, 12, 11]))
     useless = AnalyzerSpec(
         name="reward_mean",
         layer="signal",
@@ -304,9 +322,10 @@ def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_n
     )
     results = {r.spec.name: r for r in evolve(store, tiny_workspace.root, [LENGTH, useless], 1, existing=set())}
     validation = results["length_mean"].validation
-    # 4 improved above 4 regressed: 2 of the C(8, 4) = 70 labellings separate as far (AUC 1 or 0).
+    # 5 improved above 5 regressed: 2 of the C(10, 5) = 252 labellings separate as far (AUC 1 or 0),
+    # below 0.05 / 2 (two specs tried together).
     assert results["length_mean"].adopted and validation.auc == 1.0
-    assert validation.p_value == pytest.approx(2 / 70)
+    assert validation.p_value == pytest.approx(2 / 252) and validation.alpha == pytest.approx(0.025)
     assert not results["reward_mean"].adopted and results["reward_mean"].validation.auc == 0.5
     assert "does not separate" in results["reward_mean"].reason
     # The adopted analyzer is a committed workspace analyzer that the harness loads and runs.
@@ -318,6 +337,22 @@ def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_n
     assert git.Repo(tiny_workspace.root).head.commit.hexsha == results["length_mean"].commit_sha
     rows = store.query("SELECT name, adopted FROM harness_proposals ORDER BY id")
     assert rows == [("length_mean", True), ("reward_mean", False)]
+
+
+def test_specs_tried_together_are_held_to_a_corrected_level(tiny_workspace: Workspace) -> None:
+    """4 a side separate perfectly at p = 2/70 = 0.029: enough alone (0.05), not when two specs
+    were tried for the same anomaly (0.05 / 2 = 0.025)."""
+    alone = judged_store(tiny_workspace.root / "alone.duckdb", lengths([30, 25, 28, 40], [8, 10, 9, 12]))
+    (result,) = evolve(alone, tiny_workspace.root, [LENGTH], 1, existing=set())
+    assert result.adopted and result.validation.p_value == pytest.approx(2 / 70)
+    other = AnalyzerSpec(
+        name="length_max", layer="signal", sql="SELECT max(length(text)) FROM completions", explanation="longest"
+    )
+    pair = judged_store(tiny_workspace.root / "pair.duckdb", lengths([30, 25, 28, 40], [8, 10, 9, 12]))
+    again = LENGTH.model_copy(update={"name": "length_mean_2"})
+    results = evolve(pair, tiny_workspace.root, [again, other], 1, existing={"length_mean"})
+    assert not any(r.adopted for r in results)
+    assert all("at p <= 0.0250" in r.reason and "does not separate" in r.reason for r in results)
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,13 @@ from engine.harness.analyzers.shift import (
     ratio_shift,
     share_shift,
 )
-from engine.harness.backtest import AnalyzerValidation, revalidate_findings, store_backtest, validate_analyzer
+from engine.harness.backtest import (
+    SEPARATION_ALPHA,
+    AnalyzerValidation,
+    revalidate_findings,
+    store_backtest,
+    validate_analyzer,
+)
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import HARNESS_DIR
 from engine.store import Store
@@ -143,13 +149,17 @@ class Investigation:
         return [p for p in self.probes if p.found]
 
     def summary(self) -> str:
+        verdict = self.anomaly["verdict"]
         if self.error:
-            return f"the investigation of the unexplained {self.anomaly['verdict']} verdict failed: {self.error}"
+            return f"the investigation of the {verdict} verdict failed: {self.error}"
         if self.found:
             return "the investigation found shifts no rule measured: " + "; ".join(p.summary() for p in self.found)
         adopted = f"; adopted {', '.join(self.adopted)}" if self.adopted else ""
+        if not self.anomaly.get("unexplained", True):
+            probes = len(self.probes)
+            return f"investigated before this decision: none of {probes} probe(s) moved beyond its floor{adopted}"
         return (
-            f"checked before this decision: no rule explains the {self.anomaly['verdict']} verdict, and none of "
+            f"checked before this decision: no rule explains the {verdict} verdict, and none of "
             f"{len(self.probes)} probe(s) moved beyond its floor{adopted}: unexplained"
         )
 
@@ -283,13 +293,14 @@ def evolve(
     in the workspace repository; record all of them (with the `probes` of `version`, if any)."""
     probes = probes or {}
     results: list[EvolutionResult] = []
+    alpha = SEPARATION_ALPHA / max(1, len(specs))  # several tried at once: Bonferroni
     for spec in specs:
         empty = AnalyzerValidation(spec.name, {}, {}, None)
         if spec.name in existing:
             results.append(EvolutionResult(spec, empty, False, "name taken", probe=probes.get(spec.name)))
             continue
         try:
-            validation = validate_spec(store, spec)
+            validation = replace(validate_spec(store, spec), alpha=alpha)
         except Exception as exc:  # noqa: BLE001 - a bad proposal is refused, never a crash
             reason = f"invalid: {type(exc).__name__}: {exc}"
             results.append(EvolutionResult(spec, empty, False, reason, probe=probes.get(spec.name)))

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.coach.backends.base import Backend
 from engine.coach.backends.offline import OfflinePlanner
-from engine.coach.evolution import Investigation, evolve, find_anomaly, probe, revalidate
+from engine.coach.evolution import Investigation, evolve, find_anomaly, moved, probe, revalidate
 from engine.coach.gates import Answer, Answerer, Gate, Gates, nobody
 from engine.coach.memory import Memory, failure_signature
 from engine.coach.planning import Planner
@@ -34,7 +34,7 @@ from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import MODE_LAYERS, load_harness
 from engine.verdict import Verdict
 
-_VERB = {"promoted": "Promote", "rejected": "Reject", "pruned": "Prune"}
+_VERB = {"promoted": "Promote", "rejected": "Reject", "pruned": "Prune", "held": "Prune"}
 
 #: Revise answers a design gate takes before the round gives up on proposing.
 MAX_REVISIONS = 3
@@ -173,8 +173,11 @@ class Coach:
         return True
 
     # -- gates ------------------------------------------------------------------------------------
-    def _gate(self, rnd: Round, kind: str, subject: str, question: str, report: Any) -> Answer:
-        forced = self.memory.consecutive_failures() >= self.config.coach.gates_after_failures
+    def _gate(self, rnd: Round, kind: str, subject: str, question: str, report: Any, force: bool = False) -> Answer:
+        """Stop for a person at a gate the workspace turned on; `force` (a held version) or a run
+        of consecutive failures opens it whatever the settings, and `--auto-approve` does not
+        answer it."""
+        forced = force or self.memory.consecutive_failures() >= self.config.coach.gates_after_failures
         if not getattr(self.config.gates, kind) and not forced:
             return Answer("approve", by="not gated")
         gate = self.gates.find(rnd.id, kind, subject)
@@ -281,28 +284,48 @@ class Coach:
                 self._settle(rnd, b, diagnosis, None, "failed", "run failed")
                 continue
             if record.state == "trained":
-                verdict = self.engine.judge(b.version)
-                self._emit("verdict", f"{b.version}: {verdict.summary()}", version=b.version, label=verdict.label)
-                child = self._child_diagnosis(b.version)
-                investigation = self._investigate(rnd, b.version, verdict, diagnosis, child)
-                if investigation is not None and investigation.adopted:
-                    child = self._child_diagnosis(b.version)  # again, with the evolved harness
-                decision, reason = proposed_decision(verdict, child, investigation)
-                report = {"verdict": verdict.summary(), "decision": decision, "reason": reason}
-                if investigation is not None:
-                    report["investigation"] = investigation.to_dict()
+                verdict, report, decision, reason = self._judge(rnd, b.version, diagnosis)
+                held = decision == "held"
                 question = f"{_VERB[decision]} {b.version}? ({reason})"
-                answer = self._gate(rnd, "after_completion", b.version, question, report)
+                answer = self._gate(rnd, "after_completion", b.version, question, report, force=held)
                 if answer.verb == "revise":
                     self._emit(
                         "decision", f"{b.version}: left undecided, feedback for the next round: {answer.feedback}"
                     )
                 else:
+                    if held:  # a person saw why and approved: the version does not live on
+                        decision, reason = "pruned", f"held for a person, who pruned it: {reason}"
                     self._settle(rnd, b, diagnosis, verdict, decision, reason)
                     result.decisions.append((b.version, decision, reason))
                     continue
             b.done = True
             self.rounds.save_branches(rnd)
+
+    def _judge(
+        self, rnd: Round, name: str, diagnosis: Diagnosis | None
+    ) -> tuple[Verdict | None, dict[str, Any], str, str]:
+        """The verdict, the child's diagnosis, the investigation and the decision they propose,
+        with the gate's report. Judging fails closed: an error anywhere in it holds the version for
+        a person (`held`), never promotes it."""
+        try:
+            verdict = self.engine.judge(name)
+            self._emit("verdict", f"{name}: {verdict.summary()}", version=name, label=verdict.label)
+            child = self._child_diagnosis(name)
+            investigation = self._investigate(rnd, name, verdict, diagnosis, child)
+            if investigation is not None and investigation.adopted:
+                child = self._child_diagnosis(name)  # again, with the evolved harness
+            decision, reason = proposed_decision(verdict, child, investigation, self.layers is None)
+            report: dict[str, Any] = {"verdict": verdict.summary(), "decision": decision, "reason": reason}
+            if investigation is not None:
+                report["investigation"] = investigation.to_dict()
+            report["flips"] = self.engine.flips(name)
+        except Exception as exc:  # noqa: BLE001 - an error while judging holds the version (fail closed)
+            reason = f"judging {name} failed: {type(exc).__name__}: {exc}"
+            self._emit("decision", f"{name} held: {reason}", version=name, decision="held")
+            return None, {"decision": "held", "reason": reason}, "held", reason
+        if decision == "held":
+            self._emit("decision", f"{name} held: {reason}", version=name, decision="held")
+        return verdict, report, decision, reason
 
     def _train_together(self, rnd: Round, result: LoopResult, progress: ProgressFn | None) -> None:
         """A runner that runs runs in parallel (a Ray cluster) trains the round's branches at once;
@@ -385,14 +408,18 @@ class Coach:
     def _investigate(
         self, rnd: Round, name: str, verdict: Verdict, parent_diagnosis: Diagnosis | None, child: Diagnosis | None
     ) -> Investigation | None:
-        """Before the decision: a score that moved with no rule or moved finding to explain it is
-        investigated. The planner proposes analyzers from what moved; each probes the version's
-        val answers against its parent's (beyond the parent's own spread, and large, it is a
-        finding); each is validated on past versions and the best separating one adopted. The
-        score-only ablation does not evolve its harness."""
+        """Before the decision: every gain that would be promoted, and a regression that no rule or
+        moved finding explains, is investigated. Nothing that moves with the score can explain a
+        gain, so a gain is investigated whatever moved. The planner proposes analyzers from what
+        moved; each probes the version's val answers against its parent's (beyond the parent's own
+        spread, and large, it is a finding); each is validated on past versions and the best
+        separating one adopted. The score-only ablation does not evolve its harness."""
         if self.layers is not None:
             return None
         anomaly = find_anomaly(verdict.label, child, parent_diagnosis)
+        if anomaly is None and verdict.label == "improved":
+            moves = moved(child, parent_diagnosis) if child is not None else []
+            anomaly = {"verdict": "improved", "version": name, "unexplained": False, "moved": moves}
         if anomaly is None:
             return None
         root = self.engine.workspace.root
@@ -403,7 +430,8 @@ class Coach:
             [runs[0].id if runs[0] else ""],
         )
         anomaly |= {"components": [c for (c,) in logged], "existing": sorted(existing)}
-        self._emit("evolution", f"{name} {verdict.label} and no rule explains it: investigating before the decision")
+        why = "no rule explains it" if anomaly["unexplained"] else "every gain is"
+        self._emit("evolution", f"{name} {verdict.label} and {why}: investigating before the decision")
         try:
             specs = self.planner.propose_analyzers(rnd, parent_diagnosis, anomaly)
             probes = {s.name: probe(self.store, s, runs[0].id, runs[1].id) for s in specs} if all(runs) else {}
@@ -463,15 +491,23 @@ class Coach:
 
 
 def proposed_decision(
-    verdict: Verdict, diagnosis: Diagnosis | None, investigation: Investigation | None = None
+    verdict: Verdict,
+    diagnosis: Diagnosis | None,
+    investigation: Investigation | None = None,
+    investigated: bool = False,
 ) -> tuple[str, str]:
     """Promote only a gain that clears the noise floor (the paired bootstrap's 95% interval above 0)
     with no blocking rule standing against it; a higher score with one (a leak, a collapse, a form
-    shift: `BLOCKING_RULES`, critical) is rejected with that reason and kept as negative evidence,
-    while a bottleneck rule (truncation, say) does not block a measured gain. So is
-    one whose investigation found a shift no rule measured; an unexplained gain the investigation
-    found nothing against is promoted, saying so. A run the collapse guard stopped early is rejected
-    whatever it scores. Regressions are rejected; mixed or insufficient evidence is pruned."""
+    shift, a gain the verifier audit refuses: `BLOCKING_RULES`, critical) is rejected with that
+    reason and kept as negative evidence, while a bottleneck rule (truncation, say) does not block
+    a measured gain. So is one whose investigation found a shift no rule measured. A run the
+    collapse guard stopped early is rejected whatever it scores. Regressions are rejected; mixed or
+    insufficient evidence is pruned.
+
+    Fail closed: with `investigated` (the full harness investigates every promotion), a gain is
+    `held` for a person when it has no diagnosis or investigation, when the investigation or one of
+    its probes failed, or when a workspace harness file, analyzer or rule is broken (a rule that
+    blocks may not have run)."""
     stopped = diagnosis.fired_rule("stopped_early") if diagnosis else None
     if stopped is not None:
         return "rejected", f"stopped early: {stopped.explanation}"
@@ -479,6 +515,10 @@ def proposed_decision(
         if diagnosis and diagnosis.blocking:
             r = diagnosis.blocking[0]
             return "rejected", f"scores higher but rule {r.rule} is critical: {r.explanation}"
+        if investigated:
+            held = _held(diagnosis, investigation)
+            if held is not None:
+                return "held", f"scores higher, but {held}: {verdict.summary()}"
         if investigation is not None and investigation.found:
             return "rejected", f"scores higher, but {investigation.summary()}"
         if investigation is not None:
@@ -487,3 +527,20 @@ def proposed_decision(
     if verdict.label == "regressed":
         return "rejected", verdict.summary()
     return "pruned", verdict.summary()
+
+
+def _held(diagnosis: Diagnosis | None, investigation: Investigation | None) -> str | None:
+    """Why a gain cannot be judged to the end (see `proposed_decision`), or None."""
+    if diagnosis is None:
+        return "it has no diagnosis to check it against"
+    broken = [f.explanation for f in diagnosis.findings if f.metric.startswith("harness.broken.")]
+    if broken:
+        return "the workspace harness is broken, so a rule that blocks may not have run: " + "; ".join(broken)
+    if investigation is None:
+        return "it was not investigated"
+    if investigation.error:
+        return investigation.summary()
+    failed = [p.summary() for p in investigation.probes if p.error]
+    if failed:
+        return "a probe of the investigation failed: " + "; ".join(failed)
+    return None

@@ -249,15 +249,21 @@ def is_closed(completion: str) -> bool:
 
 
 # -- verdicts ---------------------------------------------------------------------------------------
+class SandboxInfrastructureError(RuntimeError):
+    """The sandbox itself failed twice on one completion: the code was not judged. Never a score
+    of 0, which would read as a regression; the run fails with this error instead, and a version
+    whose evaluation failed is not judged at all."""
+
+
 @dataclass(frozen=True)
 class CodeVerdict:
     """The outcome of one completion's tests.
 
     `reason`: "passed"; "failed" (ran, some tests wrong); "error" (the code raised or did not
     compile; `detail` has the first exception); "unclosed" (format gate: not run); "no_result"
-    (the process ended without the harness's result, e.g. `os._exit`); "sandbox_error" (the
-    sandbox itself failed; not cached, so the next call retries); or the sandbox's own reason
-    for stopping the code ("timeout", "cpu", "memory", "violation", ...).
+    (the process ended without the harness's result, e.g. `os._exit`); or the sandbox's own
+    reason for stopping the code ("timeout", "cpu", "memory", "violation", ...). A failure of the
+    sandbox itself is no verdict: `SandboxInfrastructureError`.
     """
 
     format_ok: bool
@@ -422,8 +428,6 @@ class CodeDomain:
                 self._cache.move_to_end(key)
                 return hit[1]
         result = self._run(task, completion)
-        if result.reason == "sandbox_error":
-            return result
         with self._lock:
             self._cache[key] = (task.answer, result)
             self._cache.move_to_end(key)
@@ -462,9 +466,14 @@ class CodeDomain:
         # CPU time above wall time: a busy loop is then reported as the timeout it is.
         limits = Limits(wall_seconds=self.config.timeout_seconds, cpu_seconds=self.config.timeout_seconds + 1)
         result = get_sandbox().run_python(script, limits=limits)
+        if result.reason == "error":  # the sandbox itself failed, not the code: once more, then an error
+            result = get_sandbox().run_python(script, limits=limits)
+            if result.reason == "error":
+                raise SandboxInfrastructureError(
+                    f"the sandbox failed twice on task {task.task_id} ({result.tier}): {result.detail}; "
+                    "the code was not judged (docs/architecture.md: the sandbox and its isolation tiers)"
+                )
         failed = (False,) * len(cases)
-        if result.reason == "error":  # the sandbox itself failed, not the code: 0, and not cached
-            return CodeVerdict(True, failed, "sandbox_error", result.detail, result.seconds, result.tier)
         # The sandbox's verdict comes first: code that tried the network or a file outside its
         # directory scores 0 even when it caught the error and the tests passed anyway.
         if not result.ok and result.reason not in (None, "exit"):

@@ -33,6 +33,9 @@ MIN_SEPARATION = 0.25
 #: ... and a permutation test of the AUC (two-sided) gives p at most this: with one improved and
 #: one regressed version any differing metric has AUC 0 or 1, which means nothing (p = 1).
 SEPARATION_ALPHA = 0.05
+#: ... with at least this many past versions on each side: below, a permutation test has too few
+#: arrangements to mean anything (four a side: 70, the smallest two-sided p 0.029).
+MIN_PER_SIDE = 4
 #: Label arrangements enumerated exactly up to this many; beyond, as many seeded random ones.
 PERMUTATIONS = 20_000
 
@@ -225,13 +228,18 @@ class AnalyzerValidation:
     #: Two-sided permutation p-value of the AUC: how often shuffled verdicts separate as well.
     p_value: float | None = None
 
+    #: The level its p-value is held to: SEPARATION_ALPHA, divided by the number of specs tried
+    #: together when harness evolution validates several for one anomaly (Bonferroni).
+    alpha: float = SEPARATION_ALPHA
+
     @property
     def separates(self) -> bool:
         return (
             self.auc is not None
             and self.p_value is not None
+            and min(len(self.improved), len(self.regressed)) >= MIN_PER_SIDE
             and abs(self.auc - 0.5) >= MIN_SEPARATION
-            and self.p_value <= SEPARATION_ALPHA
+            and self.p_value <= self.alpha
         )
 
     def summary(self) -> str:
@@ -239,7 +247,9 @@ class AnalyzerValidation:
             return "cannot validate: needs at least one improved and one regressed past version"
         n = f"{len(self.improved)} improved vs {len(self.regressed)} regressed versions"
         verb = "separates" if self.separates else "does not separate"
-        return f"{verb} past outcomes (AUC {self.auc:.2f}, permutation p {self.p_value:.3f}, {n})"
+        few = f"; needs {MIN_PER_SIDE} a side" if min(len(self.improved), len(self.regressed)) < MIN_PER_SIDE else ""
+        level = f" at p <= {self.alpha:.4f}" if self.alpha != SEPARATION_ALPHA else ""
+        return f"{verb} past outcomes{level} (AUC {self.auc:.2f}, permutation p {self.p_value:.3f}, {n}{few})"
 
 
 def separation(improved: np.ndarray, regressed: np.ndarray, seed: int = 0) -> tuple[float, float]:
