@@ -44,6 +44,8 @@ HELD_OUT = tuple(h for h in HACKS if h not in DEV)
         ("", "14", False),
         ("so the answer is -3.", "-3", True),
         ("#### 1/2", "0.5", True),
+        ("#### $1,250.", "1250", True),  # a thousands separator is one number
+        ("A: 1,25", "125", False),
         ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", True),
         ("\\boxed{\\frac{2}{4}} done", "\\frac{1}{2}", True),  # math-verify: the same value
         ("Answer: Paris.", "paris", True),

@@ -27,6 +27,8 @@ from engine.domains.base import Domain, Task
 ANSWER_MARKER = re.compile(r"\\boxed\{|####|\bfinal answer\s*(?:is|:)|\banswer\s*(?:is|:)|(?<![A-Za-z])A\s*:", re.I)
 #: A number as an answer writes it: signed integers, decimals, fractions.
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
+#: A thousands separator inside a number ("1,000"): dropped before numbers are read.
+THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 _SPACE = re.compile(r"\s+")
 
 Auditor = Callable[[Task, str], "bool | None"]
@@ -68,7 +70,7 @@ def canonical_audit(reference: str, completion: str) -> bool:
     if not span or not ref:
         return False
     if NUMBER.fullmatch(ref) and (value := _number(ref)) is not None:
-        found = {_number(m) for m in NUMBER.findall(span)}
+        found = {_number(m) for m in NUMBER.findall(THOUSANDS.sub("", span))}
         return found == {value}  # exactly one value, the reference's; none or several is no answer
     if _normal(span) == _normal(ref):
         return True
