@@ -124,6 +124,15 @@ def last_user_blocks(request: RecordedRequest) -> list[dict[str, Any]]:
     return message["content"]
 
 
+def test_the_model_reads_the_parents_flips(api: FakeMessagesAPI) -> None:
+    flips = {"decoding": "sampled", "tasks": 40, "to_right": 6, "to_wrong": 1, "examples": [{"prompt": "q"}]}
+    api.enqueue(tool_use_reply(PROPOSE_TOOL, proposals(LOWER_LR, CLOSENESS)))
+    make_backend(api).propose(make_ctx(flips=flips))
+    (request,) = api.requests
+    assert json.loads(last_user_blocks(request)[0]["text"])["context"]["flips"] == flips
+    assert "`flips`" in request.body["system"]
+
+
 # -- 1 -----------------------------------------------------------------------------------------------------
 def test_proposals_are_parsed_and_the_request_forces_the_tool(api: FakeMessagesAPI) -> None:
     reply = tool_use_reply(PROPOSE_TOOL, proposals(LOWER_LR, CLOSENESS), input_tokens=1234, output_tokens=567)

@@ -75,11 +75,11 @@ def test_which_domains_are_audited() -> None:
     assert own is not None and own(Task("t", "p", "?", ""), "x") is None and own(Task("t", "p", "x", ""), "x")
 
 
-def hack_workspace(root: Path, hack: str, sample_toml: str) -> Workspace:
+def hack_workspace(root: Path, hack: str, sample_toml: str, sampled_seeds: int = 2) -> Workspace:
     ws = init_workspace(root)
     (ws.root / "domains").mkdir(exist_ok=True)
     shutil.copy(HACK, ws.root / "domains" / "hack.py")
-    text = edit_toml(tiny_toml(sample_toml, sampled_seeds=2, grpo_steps=2), {"domain": None})
+    text = edit_toml(tiny_toml(sample_toml, sampled_seeds=sampled_seeds, grpo_steps=2), {"domain": None})
     edits = {
         "domain.name": "custom",
         "domain.module": "hack",
@@ -153,7 +153,7 @@ def test_an_honest_gain_passes_the_audit(tmp_path: Path, sample_toml: str, monke
     assert result.exit_code == 0, result.output
     with Engine.open(ws.root) as engine:
         v1 = engine.store.get_version("v1")
-        assert v1 is not None and v1.state == "promoted", v1
+        assert v1 is not None and v1.state == "promoted", v1.decision_reason
         run = engine.train_run("v1")
         assert run is not None
         gain = next(f for f in engine.diagnosis(run).findings if f.metric == "version.audit.gain")

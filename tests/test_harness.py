@@ -161,10 +161,10 @@ def shifts(d: Diagnosis) -> dict[str, tuple[float, str]]:
     return {f.metric.removeprefix("version.shift."): (f.value, f.severity) for f in d.findings if "shift." in f.metric}
 
 
-def sums(seed: int, n: int = 60) -> list[tuple[str, str]]:
+def sums(seed: int, n: int = 60, high: int = 50) -> list[tuple[str, str]]:
     """(prompt-free) arithmetic answers: the true sum of a task and a wrong one."""
     rng = np.random.default_rng(seed)
-    a, b = rng.integers(0, 50, n), rng.integers(0, 50, n)
+    a, b = rng.integers(0, high, n), rng.integers(0, high, n)
     return [(str(x + y), str(x + y + 1)) for x, y in zip(a, b, strict=True)]
 
 
@@ -177,7 +177,8 @@ def test_a_version_that_answers_as_its_parent_did_shows_no_shift(store: Store) -
         right = rng.random(len(tasks)) < 0.4
         return [(good if r else bad, float(r)) for (good, bad), r in zip(tasks, right, strict=True)]
 
-    d = evaluations(store, {"v0": [sample(), sample()], "v1": [sample(), sample()]}, {"v0": 0.40, "v1": 0.42})
+    passes = 4  # the samples' sampled_seeds: the floors' false-alarm rate is stated for it
+    d = evaluations(store, {v: [sample() for _ in range(passes)] for v in ("v0", "v1")}, {"v0": 0.40, "v1": 0.42})
     found = shifts(d)
     assert set(found) == {
         "length",
@@ -209,7 +210,9 @@ def test_answers_sprayed_until_one_matches_are_a_critical_form_shift(store: Stor
             for (good, bad), r in zip(tasks, right, strict=True)
         ]
 
-    d = evaluations(store, {"v0": [parent(), parent()], "v1": [child(), child()]}, {"v0": 0.3, "v1": 0.7})
+    d = evaluations(
+        store, {"v0": [parent() for _ in range(4)], "v1": [child() for _ in range(4)]}, {"v0": 0.3, "v1": 0.7}
+    )
     found = shifts(d)
     assert found["answer_spans"][1] == "warning" and found["answer_spans"][0] == pytest.approx((4 + 1) / (1 + 1))
     assert found["correct_length"][1] == "warning" and found["novelty"][1] == "warning"
@@ -221,18 +224,23 @@ def test_more_answers_in_the_form_the_parent_was_right_in_is_an_explained_shift(
     """A length budget that cut half of the parent's chains is lifted: twice as many answers are
     complete, longer and well formed, as the parent's correct answers already were. That moves
     every-answer features a lot, toward the parent's right answers: explained, no rule."""
-    tasks = sums(5)
+    tasks = sums(5, n=240, high=5000)  # distinct sums: every task's chain is its own
+    rng = np.random.default_rng(6)
 
     def answer(good: str, cut: bool) -> tuple[str, float, float]:
         chain = f"{int(good) - 30}+30={good};A:{good}"  # (completion, correct, format well formed)
         return (chain[:6], 0.0, 0.0) if cut else (chain, 1.0, 1.0)
 
-    parent = [[answer(g, i % 2 == 0) for i, (g, _) in enumerate(tasks)]] * 2
-    child = [[answer(g, i % 10 == 0) for i, (g, _) in enumerate(tasks)]] * 2
+    def sample(cut: float) -> list[tuple[str, float, float]]:
+        return [answer(g, rng.random() < cut) for g, _ in tasks]
+
+    parent, child = [sample(0.5) for _ in range(4)], [sample(0.1) for _ in range(4)]
     d = evaluations(store, {"v0": parent, "v1": child}, {"v0": 0.5, "v1": 0.9})
     found = {f.metric.removeprefix("version.shift."): f for f in d.findings if "shift." in f.metric}
-    # Large and beyond the floor, so it would count, but toward the parent's right answers (1.0).
-    assert found["format"].value == pytest.approx(0.9 - 0.5) and "explained" in found["format"].explanation
+    # Far beyond the floor, so it would count, but toward the parent's right answers (1.0).
+    assert found["format"].value == pytest.approx(np.mean([r[2] for p in child for r in p]) - 0.5, abs=0.1)
+    assert found["format"].threshold is not None and found["format"].value > found["format"].threshold
+    assert "explained" in found["format"].explanation
     assert all(f.severity == "info" for f in found.values())
     assert "form_shift" not in fired(d)
 
@@ -241,14 +249,18 @@ def test_a_shortcut_on_val_without_a_gain_is_a_form_shift_warning(store: Store) 
     """Within the run nothing moves (the habit changed before the first window); on val, against
     the parent, the chains became bare answers: a quarter as long, alike, and no better."""
     tasks = sums(4)
-    chains = [(f"{int(g) - 3}+3={g};A:{g}", 0.5) for g, _ in tasks]
+    rng = np.random.default_rng(7)
     shortcut = [(f"A:{int(g) % 2}", 0.5) for g, _ in tasks]
-    parent = [[(t, float(i % 2)) for i, (t, _) in enumerate(chains)]] * 2
-    child = [[(t, float(i % 2)) for i, (t, _) in enumerate(shortcut)]] * 2
+
+    def chains() -> list[tuple[str, float]]:  # the parent's passes vary a little: 3 or 13 subtracted
+        return [(f"{int(g) - k}+{k}={g};A:{g}", 0.5) for g, _ in tasks for k in [int(rng.choice([3, 13]))]]
+
+    parent = [[(t, float(i % 2)) for i, (t, _) in enumerate(chains())] for _ in range(4)]
+    child = [[(t, float(i % 2)) for i, (t, _) in enumerate(shortcut)]] * 4
     d = evaluations(store, {"v0": parent, "v1": child}, {"v0": 0.5, "v1": 0.5})
     found = shifts(d)
     assert found["length"][0] == pytest.approx(
-        np.mean([len(t) for t, _ in shortcut]) / np.mean([len(t) for t, _ in chains])
+        np.mean([len(t) for t, _ in shortcut]) / np.mean([len(t) for p in parent for t, _ in p])
     )
     assert found["length"][1] == "warning" and found["distinct"][1] == "warning"
     (rule,) = [r for r in d.fired if r.rule == "form_shift"]

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from engine.coach.backends.base import ANALYZER_NAME, AnalyzerSpec, PlanningContext, analyzer_name
 from engine.coach.backends.offline import MAX_PROBES, OfflinePlanner
+from engine.coach.planning import FLIP_EXAMPLES
 from engine.coach.reports import gate_report_lines
 from engine.core import Engine
 from engine.domains.base import Domain, Task
@@ -18,6 +19,7 @@ from engine.workspace import Workspace, init_workspace
 from evotui.cli import app
 from tests.conftest import commit_workspace_toml, tiny_toml
 from tests.scripted_runs import ScriptedRunner, demonstrated
+from tests.test_audit import hack_workspace, hacked
 
 #: Each version's chance of answering a task right: every child of v0 is better, in the same form.
 QUALITY = {"v0": 0.3, "v1": 0.55, "v2": 0.55, "v3": 0.8}
@@ -57,17 +59,45 @@ def test_evotui_run_investigates_an_unexplained_gain_before_promoting_it(
         (report,) = engine.store.query_one(
             "SELECT report FROM gates WHERE kind = 'after_completion' AND subject = 'v1'"
         ) or ("{}",)
-        lines = gate_report_lines(json.loads(report)["report"])
+        gate = json.loads(report)["report"]
+        lines = gate_report_lines(gate)
         assert lines[1].startswith("unexplained: no rule fired") and lines[2].startswith("investigated: checked")
+        # What a model backend reads before it judges: the flips of v1 against v0, as the gate shows them.
+        assert gate["investigation"]["anomaly"]["flips"] == engine.flips("v1", examples=FLIP_EXAMPLES)
         assert lines[-1].startswith("proposed: promoted")
 
 
-def test_a_probe_that_moves_beyond_its_floor_holds_the_version(
+def test_a_probe_that_moves_beyond_its_floor_rejects_the_version(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where neither the audit nor the agreement of answers applies, the built-in rules cannot
+    see a verifier that accepts a near miss (the answers keep their one-number form), but a probe
+    the investigation brings does: on the tasks both versions solved, the accepted answers'
+    `strict` component (logged, not trained on) falls from 1, as the parent's always were."""
+    monkeypatch.setattr("engine.domains.custom.CustomDomain.AUDITED", False)
+    monkeypatch.setattr("engine.domains.custom.CustomDomain.ONE_ANSWER", False)
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: hacked("tolerance"))
+    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml)
+    result = CliRunner().invoke(app, ["run", str(ws.root), "--auto-approve", "--versions", "1"])
+    assert result.exit_code == 0, result.output
+    with Engine.open(ws.root) as engine:
+        v1 = engine.store.get_version("v1")
+        assert v1 is not None and v1.verdict == "improved"
+        (rules,) = engine.store.query_one("SELECT rules FROM diagnoses WHERE run_id = 'v1-train-1'") or ("",)
+        assert not {"verifier_audit", "answer_agreement", "form_shift"} & {r["rule"] for r in json.loads(rules)}
+        reason = v1.decision_reason or ""
+        assert v1.state == "rejected" and "the investigation found shifts no rule measured" in reason, reason
+        assert "component_strict_mean" in reason
+        found = engine.store.query("SELECT name FROM harness_proposals WHERE version = 'v1' AND probe->>'found'")
+        assert ("component_strict_mean",) in found
+
+
+def test_an_honest_gain_whose_wrong_answers_change_is_promoted(
     workspace: Workspace, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The harness's own analyzers see nothing (the answers keep their form), but a probe the
-    anomaly brings does: where the parent was wrong by one, the child is wrong by fifty, so the
-    `closeness` component (logged, not trained on) halves."""
+    """Where the parent was wrong by one, the child is wrong by fifty, and right more often: the
+    `closeness` component over all answers halves, but that is how the wrong answers look, not the
+    accepted ones. Probes read the accepted answers on the tasks both solved: nothing moved."""
 
     def far_off(version: str, domain: Domain, task: Task, correct: bool) -> str:
         return demonstrated(version, domain, task, correct, off=1 if version == "v0" else 50)
@@ -79,13 +109,9 @@ def test_a_probe_that_moves_beyond_its_floor_holds_the_version(
     with Engine.open(workspace.root) as engine:
         v1 = engine.store.get_version("v1")
         assert v1 is not None and v1.verdict == "improved"
-        (rules,) = engine.store.query_one("SELECT rules FROM diagnoses WHERE run_id = 'v1-train-1'") or ("",)
-        assert "form_shift" not in rules  # the built-in analyzers are quiet: the form did not change
-        reason = v1.decision_reason or ""
-        assert v1.state == "rejected" and "the investigation found shifts no rule measured" in reason
-        assert "component_closeness_mean" in reason
-        (found,) = engine.store.query("SELECT name FROM harness_proposals WHERE version = 'v1' AND probe->>'found'")
-        assert found == ("component_closeness_mean",)
+        assert v1.state == "promoted", v1.decision_reason
+        probes = engine.store.query("SELECT name, probe->>'found' FROM harness_proposals WHERE version = 'v1'")
+        assert ("component_closeness_mean", "false") in probes
 
 
 def test_offline_proposals_follow_what_moved_and_are_valid_by_construction() -> None:

@@ -25,9 +25,8 @@ import git
 from engine.coach.backends.base import AnalyzerSpec
 from engine.harness.analyzers.shift import (
     CORRECT,
-    LARGE_RATIO,
-    LARGE_SHARE,
     POLICY_TEXT,
+    RATIO_FEATURES,
     Shift,
     ratio_shift,
     share_shift,
@@ -84,11 +83,20 @@ def over_completions(sql: str, where: str) -> str:
 
 #: What `completions` holds when a spec measures a run: its train rollouts.
 TRAIN_ROWS = "o.run_id = $run AND o.split = 'train'"
-#: ... and when it probes one sampled val pass of a run's latest evaluation.
-VAL_PASS_ROWS = (
-    "o.run_id = $run AND o.split = 'val' AND o.decoding = 'sampled' AND o.sample_idx = $pass"
-    " AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val')"
-)
+#: ... and when it probes one sampled val pass of a run's latest evaluation against another run's
+#: (`$other`): the accepted answers of that pass, on the tasks both runs solved in some pass. Like
+#: with like: a version that solves more tasks moves any number read over all its answers (that
+#: moves with the score and can neither explain nor convict it); the same tasks, solved by both,
+#: answered in a new way, is what a probe is for (answers a buggy verifier accepts, say).
+VAL_PASS_ROWS = f"""
+    o.run_id = $run AND o.split = 'val' AND o.decoding = 'sampled' AND o.sample_idx = $pass
+    AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val') AND {CORRECT}
+    AND [o.task_id, o.prompt] IN (
+        SELECT [o.task_id, o.prompt] FROM rollouts o
+        WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
+          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
+        GROUP BY o.task_id, o.prompt HAVING count(DISTINCT o.run_id) = 2)
+"""
 
 
 def find_anomaly(
@@ -114,18 +122,22 @@ def find_anomaly(
 
 def moved(child: Diagnosis, parent: Diagnosis | None, limit: int = 8) -> list[dict[str, Any]]:
     """The child's findings that moved most from the parent's, largest first: relative change of
-    a finding both have, and for a version-layer shift (already a comparison with the parent) its
-    way to being large (`LARGE_RATIO`, `LARGE_SHARE`)."""
+    a finding both have, and for a version-layer shift (already a comparison with the parent) how
+    many of its floors it moved (the parent's own spread; a shift without a floor is not sized)."""
     before = {f.metric: f.value for f in (parent.findings if parent else ()) if f.value is not None}
     out = []
     for f in child.findings:
         if f.value is None:
             continue
         if f.metric.startswith("version.shift."):
-            if f.threshold == LARGE_RATIO and f.value > 0:
-                size = abs(math.log(f.value)) / math.log(LARGE_RATIO)
+            if not f.threshold:
+                continue
+            if f.metric.removeprefix("version.shift.") in RATIO_FEATURES:
+                if f.value <= 0 or f.threshold <= 1:
+                    continue
+                size = abs(math.log(f.value)) / math.log(f.threshold)
             else:
-                size = abs(f.value) / LARGE_SHARE
+                size = abs(f.value) / f.threshold
             out.append({"metric": f.metric, "child": f.value, "size": size})
         elif (old := before.get(f.metric)) is not None and f.value != old:
             size = abs(f.value - old) / max(abs(old), 1e-9)
@@ -185,12 +197,16 @@ class EvolutionResult:
     probe: Probe | None = None
 
 
-def spec_value(store: Store, spec: AnalyzerSpec, run_id: str, sample: int | None = None) -> float | None:
-    """The spec's number on a run's train rollouts, or with `sample` on that sampled val pass."""
+def spec_value(
+    store: Store, spec: AnalyzerSpec, run_id: str, sample: int | None = None, other: str | None = None
+) -> float | None:
+    """The spec's number on a run's train rollouts, or with `sample` on that sampled val pass
+    against the `other` run (`VAL_PASS_ROWS`)."""
     if sample is None:
         row = store.query_one(over_completions(spec.sql, TRAIN_ROWS), {"run": run_id})
     else:
-        row = store.query_one(over_completions(spec.sql, VAL_PASS_ROWS), {"run": run_id, "pass": sample})
+        params = {"run": run_id, "pass": sample, "other": other}
+        row = store.query_one(over_completions(spec.sql, VAL_PASS_ROWS), params)
     if not row or row[0] is None:
         return None
     return float(row[0])
@@ -223,16 +239,17 @@ class Probe:
 
 
 def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> Probe:
-    """Measure `spec` on every sampled val pass of the child's and the parent's evaluations."""
+    """Measure `spec` on every sampled val pass of the child's and the parent's evaluations (the
+    accepted answers on the tasks both solved: `VAL_PASS_ROWS`)."""
     try:
         values = {}
-        for run_id in (child_run, parent_run):
+        for run_id, other in ((child_run, parent_run), (parent_run, child_run)):
             passes = store.query(
                 "SELECT DISTINCT sample_idx FROM rollouts WHERE run_id = ? AND split = 'val' AND decoding = 'sampled'"
                 " ORDER BY 1",
                 [run_id],
             )
-            measured = [spec_value(store, spec, run_id, k) for (k,) in passes]
+            measured = [spec_value(store, spec, run_id, k, other) for (k,) in passes]
             values[run_id] = [v for v in measured if v is not None]
         measure = ratio_shift if spec.kind == "mean" else share_shift
         return Probe(spec, measure(spec.name, values[child_run], values[parent_run]))
@@ -257,18 +274,31 @@ def validate_spec(store: Store, spec: AnalyzerSpec) -> AnalyzerValidation:
 
 
 def render(spec: AnalyzerSpec, validation: AnalyzerValidation, round: int | None) -> str:
-    """The workspace analyzer file for an adopted spec."""
-    direction = "higher" if (validation.auc or 0.5) >= 0.5 else "lower"
+    """The workspace analyzer file for an adopted spec. It can block: a run whose value lies
+    beyond every version judged improved when it was adopted, on the regressed versions' side, is
+    a critical finding, which the `workspace_critical` rule turns into a block. The cut-off is the
+    improved versions' own edge, so none of the versions it was validated on would be blocked."""
+    higher_improved = (validation.auc or 0.5) >= 0.5
+    improved = sorted(validation.improved.values())
+    cut_off = improved[0] if higher_improved else improved[-1]
+    direction = "higher" if higher_improved else "lower"
+    beyond = "<" if higher_improved else ">"
+    side = "below the lowest" if higher_improved else "above the highest"
     return f'''"""Adopted by the coach (round {round}, {spec.source}): {spec.explanation}.
 
 Retrospective validation: AUC {validation.auc:.2f} (permutation p {validation.p_value:.3f}) over
 {len(validation.improved)} improved and {len(validation.regressed)} regressed versions ({direction} values
-went with improved versions).
+went with improved versions). A run {side} value of those improved versions ({cut_off:.6g}) is
+critical: the `workspace_critical` rule blocks it.
 """
 
 from engine.harness.base import Context, Finding, analyzer
 
 SQL = {json.dumps(over_completions(spec.sql, TRAIN_ROWS))}
+#: The edge of the values of the versions judged improved when this analyzer was adopted.
+CUT_OFF = {cut_off!r}
+METRIC = {f"{spec.layer}.{spec.name}"!r}
+EXPLANATION = {spec.explanation!r}
 
 
 @analyzer({spec.name!r}, {spec.layer!r}, {spec.explanation!r})
@@ -276,7 +306,11 @@ def {spec.name}(ctx: Context) -> Finding | None:
     row = ctx.q1(SQL)
     if not row or row[0] is None:
         return None
-    return Finding({f"{spec.layer}.{spec.name}"!r}, float(row[0]), "info", {spec.explanation!r})
+    value = float(row[0])
+    if value {beyond} CUT_OFF:
+        why = f"{{value:.6g}} is {side} value of the versions judged improved at adoption ({{CUT_OFF:.6g}})"
+        return Finding(METRIC, value, "critical", f"{{EXPLANATION}}: {{why}}", threshold=CUT_OFF)
+    return Finding(METRIC, value, "info", EXPLANATION, threshold=CUT_OFF)
 '''
 
 

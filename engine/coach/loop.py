@@ -412,8 +412,9 @@ class Coach:
         moved finding explains, is investigated. Nothing that moves with the score can explain a
         gain, so a gain is investigated whatever moved. The planner proposes analyzers from what
         moved; each probes the version's val answers against its parent's (beyond the parent's own
-        spread, and large, it is a finding); each is validated on past versions and the best
-        separating one adopted. The score-only ablation does not evolve its harness."""
+        spread at the false-alarm rate of `engine.harness.cutoffs`, it is a finding); each is
+        validated on past versions and the best separating one adopted. The score-only ablation
+        does not evolve its harness."""
         if self.layers is not None:
             return None
         anomaly = find_anomaly(verdict.label, child, parent_diagnosis)
@@ -430,6 +431,7 @@ class Coach:
             [runs[0].id if runs[0] else ""],
         )
         anomaly |= {"components": [c for (c,) in logged], "existing": sorted(existing)}
+        anomaly["flips"] = self.planner.flips(name)  # what the model backend reads before it judges
         why = "no rule explains it" if anomaly["unexplained"] else "every gain is"
         self._emit("evolution", f"{name} {verdict.label} and {why}: investigating before the decision")
         try:

@@ -26,11 +26,14 @@ from engine.coach.skills import SkillLibrary
 from engine.config import CONFIG_FILE
 from engine.core import Engine
 from engine.harness.diagnose import Diagnosis
+from engine.versions import VersionTreeError
 
 #: Says one line of the planner's reasoning: (kind, message, data).
 Emit = Callable[..., None]
 
 #: The literature query when no rule fired.
+#: Flipped tasks shown each way to a model backend (the counts are whole).
+FLIP_EXAMPLES = 5
 GENERAL_QUERY = "GRPO training stalls without a diagnosed failure: learning rate, temperature, steps"
 
 
@@ -86,8 +89,19 @@ class Planner:
             escalated=rnd.escalated,
             branches=branches,
             facts=run_facts(self.engine.store, diagnosis.run_id if diagnosis else None),
+            flips=self.flips(parent),
         )
         return ctx, lookups
+
+    def flips(self, version: str) -> dict[str, Any] | None:
+        """The version's flips against its parent, or None (the base, or runs not there to compare)."""
+        record = self.engine.store.get_version(version)
+        if record is None or record.parent is None:
+            return None
+        try:
+            return self.engine.flips(version, examples=FLIP_EXAMPLES)
+        except (ValueError, VersionTreeError):
+            return None
 
     def propose(self, rnd: Round, diagnosis: Diagnosis | None, branches: int) -> Proposals:
         ctx, lookups = self.context(rnd, diagnosis, branches)

@@ -13,6 +13,11 @@ version's gain survives it.
 A domain may supply its own `audit(task, completion) -> bool | None` (None: cannot tell). Domains
 without reference answers (code: tests are the verifier; SWE: the repository's tests) have no
 audit, and say so (`AUDITED = False`).
+
+Where a task has one right answer (`ONE_ANSWER`: math, dataset; a custom domain unless its object
+says `one_answer = False`), evaluation also stores each completion's `answer_key`: its final
+answer in canonical form. Two accepted answers to the same task with different keys cannot both be
+right, reference or not: the harness's `answer_agreement` analyzer reads them.
 """
 
 from __future__ import annotations
@@ -84,6 +89,26 @@ def _math_equal(reference: str, span: str) -> bool:
 
     gold, answer = parse(f"${reference}$"), parse(f"${span}$")
     return bool(gold and answer and verify(gold, answer))
+
+
+def answer_key(completion: str) -> str:
+    """The final answer in canonical form, for comparing two answers to one task: the value of
+    the one number in the final span (`1,250`, `1250.0` and `2500/2` are one key), else the span
+    normalized (spaces collapsed, case folded, a final period dropped); several numbers stay
+    their whole normalized span, so two different sprays are two different answers."""
+    span = THOUSANDS.sub("", final_span(completion))
+    numbers = NUMBER.findall(span)
+    if len(numbers) == 1 and (value := _number(numbers[0])) is not None:
+        return str(value)
+    return _normal(span)
+
+
+def one_answer(domain: Domain) -> bool:
+    """Whether each of the domain's tasks has one right answer up to equivalence (what the
+    agreement of accepted answers needs): the domain's `one_answer` where it says, else its
+    class's `ONE_ANSWER`."""
+    own = getattr(domain, "one_answer", None)
+    return bool(own) if own is not None else bool(getattr(domain, "ONE_ANSWER", False))
 
 
 def auditor(domain: Domain) -> Auditor | None:

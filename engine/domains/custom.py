@@ -501,6 +501,9 @@ class CustomDomain:
     #: Tasks whose `answer` is set are audited (`engine.domains.audit`); the user's object may
     #: define its own `audit(task, completion)`, which passes through.
     AUDITED = True
+    #: Accepted answers to one task are compared for agreement (`engine.domains.audit`) unless the
+    #: user's object says its tasks have many right answers (`one_answer = False`, passed through).
+    ONE_ANSWER = True
 
     def __init__(self, inner: Any, source: Path):
         self.inner = inner

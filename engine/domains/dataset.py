@@ -657,6 +657,11 @@ class DatasetDomain:
 
     def __init__(self, config: DatasetDomainConfig, root: Path | None = None):
         self.config = config
+        #: One right answer per task up to the canonical key (`engine.domains.audit.answer_key`)
+        #: for the exact verifier and a numeric one at the default tolerance (1e-6, relative); the
+        #: others accept answers whose keys differ (`\\frac{1}{2}` and `0.5`, two numbers within a
+        #: wider tolerance, any string a pattern matches, whatever a python function accepts).
+        self.one_answer = config.verifier == "exact" or (config.verifier == "numeric" and config.tolerance <= 1e-6)
         #: The system message of chat-template policies.
         self.system_prompt: str = config.system_prompt
         self._pattern = re.compile(config.answer_pattern) if config.answer_pattern is not None else None

@@ -33,6 +33,8 @@ class MathDomain:
     name = "math"
     #: Every task has a reference answer: the verifier audit re-checks accepted answers.
     AUDITED = True
+    #: One right answer per task: accepted answers that disagree cannot all be right.
+    ONE_ANSWER = True
     alphabet = "0123456789+-=;:AQ\n"
 
     def __init__(self, config: MathDomainConfig):

@@ -12,7 +12,16 @@ from engine.harness.base import Context, Findings, RuleResult, rule
 #: other rules name bottlenecks (truncation, too little signal, ...): what to change next, not a
 #: reason to distrust a measured gain. The coach's decision and the benchmark's check read this.
 BLOCKING_RULES = frozenset(
-    {"leak", "stopped_early", "form_shift", "reward_hacking", "exploration_collapse", "verifier_audit"}
+    {
+        "leak",
+        "stopped_early",
+        "form_shift",
+        "reward_hacking",
+        "exploration_collapse",
+        "verifier_audit",
+        "answer_agreement",
+        "workspace_critical",
+    }
 )
 
 
@@ -61,6 +70,27 @@ def verifier_audit(f: Findings, ctx: Context) -> RuleResult | None:
     if finding is None or finding.severity != "critical":
         return None
     return RuleResult(finding.explanation, "critical", ("version.audit.gain", "version.audit.refused_share"))
+
+
+@rule(
+    "answer_agreement",
+    priority=1,
+    candidate_kinds=("reward: fix the verifier", "reward: exact-answer check"),
+)
+def answer_agreement(f: Findings, ctx: Context) -> RuleResult | None:
+    """The version's val gain rests on accepted answers that disagree with each other or with the
+    answers its parent had accepted on the same tasks (`version.agreement.*`, critical;
+    `engine.harness.analyzers.agreement`)."""
+    critical = [x for x in (f.get("version.agreement.self"), f.get("version.agreement.parent")) if x is not None]
+    critical = [x for x in critical if x.severity == "critical"]
+    if not critical:
+        return None
+    return RuleResult("; ".join(x.explanation for x in critical), "critical", tuple(x.metric for x in critical))
+
+
+#: The findings that test a gain directly (a second reading of the same answers); where one of
+#: them ran and passed, a form shift alone no longer blocks.
+DIRECT_TESTS = ("version.audit.gain", "version.agreement.self", "version.agreement.parent")
 
 
 @rule(
@@ -169,15 +199,27 @@ def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
 )
 def form_shift(f: Findings, ctx: Context) -> RuleResult | None:
     """The form of the val answers moved from the parent's beyond the parent's own seed-to-seed
-    spread, and by a lot (`version.shift.*`). With a higher val score it is critical: a gain that
-    comes with a new form of answer is a verifier being learned until shown otherwise. Without
-    one it is a warning (a shortcut replacing the reasoning is one such shift: shorter, alike)."""
+    spread (`version.shift.*`, cut-offs in `engine.harness.cutoffs`). With a higher val score it is
+    critical where nothing tests the gain directly (no audit, no agreement: code, SWE, open text):
+    a gain that comes with a new form of answer is a verifier being learned until shown otherwise.
+    Where the audit or the agreement of answers ran and found the gain sound, the shift is a
+    warning, reported beside them: form moves with the score itself (a chain no longer cut by the
+    budget is longer), so it cannot convict a gain that a second reading confirms. Without a gain
+    it is a warning (a shortcut replacing the reasoning is one such shift: shorter, alike)."""
     shifted = [x for x in f.all if x.metric.startswith("version.shift.") and x.severity != "info"]
     if not shifted:
         return None
     delta = f.value("version.delta_to_parent", 0.0) or 0.0
     what = "; ".join(x.explanation for x in shifted)
     metrics = tuple(x.metric for x in shifted)
+    tested = [m for m in DIRECT_TESTS if (x := f.get(m)) is not None and x.severity == "info"]
+    if delta > 0 and tested:
+        return RuleResult(
+            f"val correctness rose {delta:+.3f} while the form of the answers shifted: {what}. "
+            f"The gain survives the direct tests ({', '.join(tested)}), so the shift is reported, not blocking",
+            "warning",
+            (*metrics, *tested),
+        )
     if delta > 0:
         return RuleResult(
             f"val correctness rose {delta:+.3f} while the form of the answers shifted: {what}. "
@@ -186,6 +228,17 @@ def form_shift(f: Findings, ctx: Context) -> RuleResult | None:
             (*metrics, "version.delta_to_parent"),
         )
     return RuleResult(f"the form of the answers shifted for {delta:+.3f} val correctness: {what}", "warning", metrics)
+
+
+@rule("workspace_critical", priority=1, candidate_kinds=("evaluation: clean protocol",))
+def workspace_critical(f: Findings, ctx: Context) -> RuleResult | None:
+    """A critical finding of an analyzer from the workspace's own harness (one a person wrote, or
+    one harness evolution adopted because it separated past versions): it blocks like a built-in
+    critical rule, so an adopted analyzer is one that can stop a version."""
+    critical = [x for x in f.all if x.provenance == "workspace" and x.severity == "critical"]
+    if not critical:
+        return None
+    return RuleResult("; ".join(x.explanation for x in critical), "critical", tuple(x.metric for x in critical))
 
 
 @rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))

@@ -57,6 +57,7 @@ ROLLOUT_SCHEMA = pa.schema(
         ("tool_calls", pa.list_(TOOL_CALL)),
         ("reference", pa.string()),
         ("audit", pa.bool_()),
+        ("answer_key", pa.string()),
     ]
 )
 
@@ -87,6 +88,9 @@ class RolloutBatch:
     #: reading of the completion (None: no audit applies), `engine.domains.audit`.
     reference: list[str | None] = field(default_factory=list)
     audit: list[bool | None] = field(default_factory=list)
+    #: Evaluation of a one-answer domain only: the completion's canonical final answer
+    #: (`engine.domains.audit.answer_key`), what the agreement of accepted answers compares.
+    answer_key: list[str | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.task_id)
@@ -113,6 +117,7 @@ class RolloutBatch:
             "tool_calls": self.tool_calls or [None] * n,
             "reference": self.reference or [None] * n,
             "audit": self.audit or [None] * n,
+            "answer_key": self.answer_key or [None] * n,
         }
         return pa.Table.from_pydict(columns, schema=ROLLOUT_SCHEMA)
 

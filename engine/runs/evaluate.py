@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.config import RecipeConfig
 from engine.domains import Domain, Task, score
-from engine.domains.audit import auditor
+from engine.domains.audit import answer_key, auditor, one_answer
 from engine.domains.base import AgenticDomain, is_agentic
 from engine.policy.pretrained import PromptFormat
 from engine.policy.sampler import MAX_ROWS, generate_ids
@@ -167,6 +167,7 @@ def add_completion(
     audit = None if check is None else check(task, text)
     batch.reference.append(None if audit is None else task.answer)
     batch.audit.append(audit)
+    batch.answer_key.append(answer_key(text) if one_answer(domain) else None)
     batch.group_id.append(group_id)
     batch.sample_idx.append(sample_idx)
     batch.task_id.append(task.task_id)

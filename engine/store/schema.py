@@ -280,6 +280,16 @@ MIGRATIONS: list[str] = [
     ALTER TABLE rollouts ADD COLUMN reference VARCHAR;  -- the task's reference answer (evaluation only)
     ALTER TABLE rollouts ADD COLUMN audit BOOLEAN;      -- the audit's reading; NULL: no audit applies
     """,
+    # 10: the agreement of accepted answers: each evaluated answer's canonical final answer.
+    """
+    ALTER TABLE rollouts ADD COLUMN answer_key VARCHAR; -- NULL: the domain's tasks have many right answers
+    """,
+    # 11: memory only from versions that earned it: a version flagged after its decision, and the
+    # case that recorded it, are marked (kept, never retrieved).
+    """
+    ALTER TABLE versions ADD COLUMN flagged VARCHAR;    -- why the version was flagged after its decision
+    ALTER TABLE cases ADD COLUMN retracted VARCHAR;     -- why the case is no longer retrieved
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -56,8 +56,10 @@ Rules:
 knob, the reward composition `recipe.rewards` as a whole, the group filter `recipe.group_filter` as a whole, \
 one data or budget or evaluation setting). Different interventions change different factors.
 - Reason only from what the context gives you: the diagnosis (findings and fired rules), the version history, \
-matching cases, skill cards, literature excerpts and the person's feedback. Do not reason from knowledge of \
-specific benchmark tasks or their answers; you never see the tasks and must not guess them.
+matching cases, skill cards, literature excerpts, the person's feedback and `flips`: the val tasks the \
+parent's own change turned (wrong to right and right to wrong, both versions' answers, a few examples). Read \
+the flips for what kind of answer changed (an accepted answer that looks wrong is a verifier being learned); \
+do not propose from the particular tasks or their answers, and never guess other tasks.
 - Change several factors together only when cited evidence (findings, rules, cases, skills, literature) says \
 they must move together; then list that evidence in `evidence`. A multi-factor change without evidence is \
 refused.
@@ -77,10 +79,12 @@ Answer only by calling the tool `{tool}`."""
 _ANALYZER_SYSTEM = """\
 You extend the evaluation harness of a GRPO post-training workbench. A version's score moved and no rule of \
 the harness explains it: `anomaly` says which way, and which findings moved most from the parent's diagnosis. \
+`anomaly.flips` shows the val tasks whose outcome flipped, with both versions' answers: read them first. \
 Propose analyzers that would measure what changed, each as ONE SQL query that DuckDB runs over the view \
-`completions` and that gives ONE number. Before the version is decided, each is measured on the version's \
-sampled val answers against its parent's; a large change beyond the parent's own seed-to-seed spread holds the \
-version back. Later, the harness computes it on each run's train rollouts.
+`completions` and that gives ONE number. Before the version is decided, each is measured on the accepted \
+answers of the version's sampled val passes, on the tasks both it and its parent solved, against its \
+parent's; a change beyond the seed-to-seed spread holds the version back. Later, the harness computes it \
+on each run's train rollouts.
 
 The view (one run's rollouts; the engine decides which):
 - completions(text VARCHAR -- what the policy wrote: the completion, or a multi-turn episode's actions, \
@@ -270,6 +274,7 @@ def context_payload(ctx: PlanningContext) -> dict[str, Any]:
         "escalated": ctx.escalated,
         "branches": ctx.branches,
         "facts": {"hopeless_tasks": len(ctx.facts.hopeless_tasks), "seen_tasks": ctx.facts.seen_tasks},
+        "flips": ctx.flips,
     }
 
 

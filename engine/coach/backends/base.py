@@ -25,7 +25,9 @@ class BackendError(RuntimeError):
 
 @dataclass
 class PlanningContext:
-    """Everything a backend may reason from. Never the sample tasks themselves."""
+    """Everything a backend may reason from. Never the test tasks; of the val tasks, only the
+    flips of the parent's own verdict (the tasks its change turned, both answers), which the
+    verdict had already read and a person reads at the gate."""
 
     parent: str
     parent_config: WorkspaceConfig
@@ -50,6 +52,9 @@ class PlanningContext:
     branches: int = 2
     #: What the store says about the parent's training beyond the diagnosis (e.g. hopeless prompts).
     facts: Facts = field(default_factory=Facts)
+    #: The parent's flips against its own parent (`engine.verdict.flips`, a few examples each way),
+    #: or None for the base version.
+    flips: dict[str, Any] | None = None
 
 
 @dataclass
@@ -110,8 +115,9 @@ class AnalyzerSpec(BaseModel):
     layer: Literal["score", "signal", "behavior", "version"]
     sql: str = Field(min_length=10)
     explanation: str = Field(min_length=1, description="What the number means, one line.")
-    #: "mean": compared between versions as a ratio (doubled = a large change); "share": a value in
-    #: [0, 1] compared as a difference (0.2 = a large change).
+    #: "mean": compared between versions as a ratio of means; "share": a value in [0, 1] compared
+    #: as a difference. Either counts beyond the parent's own pass-to-pass spread
+    #: (`engine.harness.cutoffs`).
     kind: Literal["mean", "share"] = "mean"
     threshold: float | None = None
     higher_is: Literal["better", "worse"] = "better"

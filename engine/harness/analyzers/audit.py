@@ -3,7 +3,7 @@
 Evaluation stores, beside the verifier's reward, the verifier audit's reading of every answer
 whose task has a reference (`engine.domains.audit`). Over the primary decoding of the latest val
 evaluations of the version and its parent, on the tasks both answered, this analyzer compares
-two paired differences with the same test the verdict uses (a paired bootstrap, 95%): per task,
+two paired differences with the same test the verdict uses (`engine.harness.cutoffs`): per task,
 the verifier's correctness, and the audit's. A verifier gain whose audited twin is not itself a
 gain (its interval reaches 0 or below) rests on answers the audit refuses: a critical finding,
 which the `verifier_audit` rule turns into a block, with examples. Where no audit applies (no
@@ -16,7 +16,7 @@ import numpy as np
 
 from engine.harness.analyzers.version import LATEST_EVALUATED_RUNS
 from engine.harness.base import Context, Finding, analyzer
-from engine.verdict import paired_bootstrap
+from engine.harness.cutoffs import PairedGain, unsupported
 
 #: Examples of accepted answers the audit refused, in the finding.
 EXAMPLES = 3
@@ -46,7 +46,7 @@ _EXAMPLES = f"""
 """
 
 
-def _short(text: str, limit: int = 60) -> str:
+def short(text: str, limit: int = 60) -> str:
     flat = text.replace("\n", "\\n")
     return flat if len(flat) <= limit else "..." + flat[-limit:]
 
@@ -79,24 +79,23 @@ def verifier_audit(ctx: Context) -> list[Finding]:
         return sum(rows[t][4] for t in tasks) / accepted if accepted else 0.0
 
     refused_child, refused_parent = shares(mine), shares(theirs)
-    diffs = {}
-    for name, column in (("verifier", 0), ("audit", 1)):
-        p = np.array([float(theirs[t][column] or 0.0) for t in tasks])
-        c = np.array([float(mine[t][column] or 0.0) for t in tasks])
-        diffs[name] = (float(c.mean() - p.mean()), *paired_bootstrap(p, c))
-    (v_delta, v_low, v_high), (a_delta, a_low, a_high) = diffs["verifier"], diffs["audit"]
-    rests = v_low > 0 and a_low <= 0
+
+    def reading(rows: dict[tuple[str, str], tuple[float, float | None, int, int, int]], column: int) -> np.ndarray:
+        return np.array([float(rows[t][column] or 0.0) for t in tasks])
+
+    verifier = PairedGain.of(reading(theirs, 0), reading(mine, 0))
+    audited = PairedGain.of(reading(theirs, 1), reading(mine, 1))
+    rests = unsupported(verifier, audited)
     explanation = (
-        f"{decoding} val vs {parent} on {len(tasks)} tasks: verifier {v_delta:+.3f} [{v_low:+.3f}, {v_high:+.3f}], "
-        f"audit {a_delta:+.3f} [{a_low:+.3f}, {a_high:+.3f}]; accepted answers the audit refuses "
-        f"{refused_parent:.0%} -> {refused_child:.0%}"
+        f"{decoding} val vs {parent} on {len(tasks)} tasks: verifier {verifier}, audit {audited}; "
+        f"accepted answers the audit refuses {refused_parent:.0%} -> {refused_child:.0%}"
     )
     if rests:
         examples = ctx.q(_EXAMPLES, {"version": ctx.version.name, "parent": parent, "decoding": decoding})
-        shown = "; ".join(f"{_short(p, 24)} -> {_short(c)} (reference {r})" for p, c, r in examples)
+        shown = "; ".join(f"{short(p, 24)} -> {short(c)} (reference {r})" for p, c, r in examples)
         explanation = f"the verifier's gain is not the audit's: {explanation}. Accepted, refused: {shown}"
     return [
-        Finding("version.audit.gain", a_delta, "critical" if rests else "info", explanation, threshold=0.0),
+        Finding("version.audit.gain", audited.delta, "critical" if rests else "info", explanation, threshold=0.0),
         Finding(
             "version.audit.refused_share",
             refused_child - refused_parent,

@@ -5,17 +5,21 @@ being learned instead of the task (answers sprayed until one matches, a format t
 accepts by mistake, a shortcut). These analyzers know nothing of the domain: they compare the
 policy's own text (the completion, or a multi-turn episode's actions) in the sampled val passes
 of the version's latest evaluation with its parent's, feature by feature, and count a shift only
-when it is beyond the parent's own seed-to-seed spread (the same policy, sampled again), large,
+when it is beyond the parent's own seed-to-seed spread (the same policy, sampled again) at a
+stated false-alarm rate (`engine.harness.cutoffs`: no effect-size constant fitted to a domain),
 and unexplained. A shift of every answer toward what the parent's *correct* answers already
 looked like is explained: more answers take the form that was right (a chain no longer cut by
 the length budget, a format check passed more often). A new form of the correct answers
-themselves is never explained. The `form_shift` rule reads them.
+themselves is never explained; they are compared on the tasks both versions solved, so a version
+that solves new tasks (longer problems, once the budget allows) is not mistaken for one that
+answers the old ones differently. The `form_shift` rule reads them.
 
 Features (each a finding `version.shift.<feature>`):
 - over every completion, each with the parent's correct completions as its reference: ratios of
   means `length` (characters) and `length_p90` (the tail); shares `distinct` (distinct
   completions) and `format` (the domain's `format` component passes, where it has one);
-- over the completions judged correct: ratios `correct_length` and `answer_spans` (numbers per
+- over the completions judged correct, on tasks both versions solved in some pass (`solved`):
+  ratios `correct_length` and `answer_spans` (numbers per
   completion; add-one smoothed); shares `composition` (total variation distance of the
   character classes digit, letter, space, other) and `novelty` (the share of the shape trigrams,
   digits and letters collapsed to one symbol, that the parent's correct completions never used).
@@ -28,15 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.harness.base import Context, Finding, analyzer
+from engine.harness.cutoffs import MIN_CORRECT, floor_multiplier
 
-#: A shift counts when it is beyond this many times the parent's own seed-to-seed spread ...
-FLOOR_MULT = 3.0
-#: ... and large: a mean at least doubled or halved ...
-LARGE_RATIO = 2.0
-#: ... or a share moved by at least this much.
-LARGE_SHARE = 0.2
-#: Correct completions each version needs for the features read from them.
-MIN_CORRECT = 20
+#: The features compared as a ratio of means (the others are shares or distances).
+RATIO_FEATURES = frozenset({"length", "length_p90", "correct_length", "answer_spans"})
 
 #: The text the policy wrote: a single-turn completion, or a multi-turn episode's actions.
 POLICY_TEXT = (
@@ -53,11 +52,16 @@ _TEXTS = f"""
         WHERE r.version IN ($version, $parent) AND r.state = 'succeeded' AND o.split = 'val'
         ORDER BY r.version, r.ended_at DESC
     )
-    SELECT l.version, o.sample_idx AS pass, {POLICY_TEXT} AS text, {CORRECT} AS correct,
-           o.reward_components['format'] AS format
-    FROM latest l JOIN rollouts o ON o.run_id = l.run_id
-    WHERE o.split = 'val' AND o.decoding = 'sampled'
-      AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = l.run_id AND split = 'val')
+    SELECT *, correct AND bool_or(correct AND version = $version) OVER task
+                      AND bool_or(correct AND version = $parent) OVER task AS solved
+    FROM (
+        SELECT l.version, o.task_id, o.prompt, o.sample_idx AS pass, {POLICY_TEXT} AS text, {CORRECT} AS correct,
+               o.reward_components['format'] AS format
+        FROM latest l JOIN rollouts o ON o.run_id = l.run_id
+        WHERE o.split = 'val' AND o.decoding = 'sampled'
+          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = l.run_id AND split = 'val')
+    )
+    WINDOW task AS (PARTITION BY task_id, prompt)
 """
 
 
@@ -87,27 +91,21 @@ class Shift:
         return abs(self.value) > self.floor
 
     @property
-    def large(self) -> bool:
-        if self.kind == "ratio":
-            return self.value >= LARGE_RATIO or self.value <= 1 / LARGE_RATIO
-        return abs(self.value) >= LARGE_SHARE
-
-    @property
     def counts(self) -> bool:
-        return self.beyond_floor and self.large and not self.explained
+        return self.beyond_floor and not self.explained
 
     def finding(self, parent_name: str) -> Finding:
         floor = "no floor: one sampled pass"
         if self.kind == "ratio":
             what = f"{self.feature} {self.parent:.2f} -> {self.child:.2f} ({self.value:.2f}x"
-            if self.floor is not None:
-                floor = f"floor {math.exp(self.floor):.2f}x"
-            threshold = LARGE_RATIO
+            threshold = None if self.floor is None else math.exp(self.floor)
+            if threshold is not None:
+                floor = f"floor {threshold:.2f}x"
         else:
             what = f"{self.feature} {self.parent:.2f} -> {self.child:.2f} ({self.value:+.2f}"
-            if self.floor is not None:
-                floor = f"floor {self.floor:.2f}"
-            threshold = LARGE_SHARE
+            threshold = self.floor
+            if threshold is not None:
+                floor = f"floor {threshold:.2f}"
         toward = ""
         if self.explained:
             toward = f"; toward the parent's correct answers ({self.reference:.2f}): explained"
@@ -122,31 +120,42 @@ class Shift:
 
 def ratio_shift(feature: str, child: Sequence[float], parent: Sequence[float], smooth: float = 0.0) -> Shift | None:
     """Means per sampled pass of the child and the parent -> the ratio of their means, with the
-    parent's pass-to-pass spread (in log ratio, times FLOOR_MULT) as its floor."""
+    larger pass-to-pass range of the two (in log ratio, times `floor_multiplier`) as its floor."""
     if not child or not parent:
         return None
     c, p = sum(child) / len(child) + smooth, sum(parent) / len(parent) + smooth
     if c <= 0 or p <= 0:
         return None
-    logs = [math.log(x + smooth) for x in parent if x + smooth > 0]
-    floor = FLOOR_MULT * (max(logs) - min(logs)) if len(logs) >= 2 else None
-    return Shift(feature, "ratio", c / p, floor, p - smooth, c - smooth)
+    logs = [[math.log(x + smooth) for x in side if x + smooth > 0] for side in (parent, child)]
+    return Shift(feature, "ratio", c / p, _floor(*logs), p - smooth, c - smooth)
 
 
 def share_shift(feature: str, child: Sequence[float], parent: Sequence[float]) -> Shift | None:
-    """Shares per sampled pass -> the change of their mean, with the parent's pass-to-pass range
-    (times FLOOR_MULT) as its floor."""
+    """Shares per sampled pass -> the change of their mean, with the larger pass-to-pass range of
+    the two (times `floor_multiplier`) as its floor."""
     if not child or not parent:
         return None
     c, p = sum(child) / len(child), sum(parent) / len(parent)
-    floor = FLOOR_MULT * (max(parent) - min(parent)) if len(parent) >= 2 else None
-    return Shift(feature, "share", c - p, floor, p, c)
+    return Shift(feature, "share", c - p, _floor(parent, child), p, c)
 
 
-def distance_shift(feature: str, value: float, parent: float, child: float, spread: float | None) -> Shift:
+def _floor(parent: Sequence[float], child: Sequence[float]) -> float | None:
+    """`floor_multiplier` times the larger of the two versions' pass-to-pass ranges; None (no
+    cut-off, nothing counts) with fewer than two passes a side: no estimate of the noise. Ranges
+    of 0 on both sides (a form every pass writes alike) give a floor of 0: any move is real."""
+    if min(len(parent), len(child)) < 2:
+        return None
+    spread = max(max(side) - min(side) for side in (parent, child))
+    return floor_multiplier(len(parent), len(child)) * spread
+
+
+def distance_shift(feature: str, value: float, parent: float, child: float, spread: float | None, passes: int) -> Shift:
     """A distance between the child and the parent (0 = the same), with the distance between the
-    parent's own passes (times FLOOR_MULT) as its floor."""
-    return Shift(feature, "share", value, None if spread is None else FLOOR_MULT * spread, parent, child)
+    parent's first pass and its others (times `floor_multiplier` of its passes) as its floor. The
+    multiple is the one derived for means, and errs high here: the child-vs-parent distance pools
+    every pass of each, the spread compares one pass with the rest, so it is the noisier one."""
+    floor = None if spread is None or passes < 2 else floor_multiplier(passes, passes) * spread
+    return Shift(feature, "share", value, floor, parent, child)
 
 
 @analyzer("form_vs_parent", "version")
@@ -160,10 +169,10 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
         f"""
         SELECT version = $version AS mine, pass,
                avg(length(text)), quantile_cont(length(text), 0.9),
-               avg(length(text)) FILTER (WHERE correct),
-               avg(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE correct),
+               avg(length(text)) FILTER (WHERE solved),
+               avg(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE solved),
                count(DISTINCT text) / count(*), avg((format = 1)::INT) FILTER (WHERE format IS NOT NULL),
-               count(*) FILTER (WHERE correct)
+               count(*) FILTER (WHERE solved)
         FROM {texts} GROUP BY ALL ORDER BY mine, pass
         """,
         {"version": ctx.version.name},
@@ -217,13 +226,13 @@ def _composition(ctx: Context, texts: str) -> Shift | None:
     counts = ", ".join(f"sum(length(regexp_replace(text, '{keep}', '', 'g')))" for keep in _CLASSES.values())
     rows = ctx.q(
         f"""SELECT version = $version AS mine, pass = (SELECT min(pass) FROM {texts}) AS first,
-                   {counts}, sum(length(text))
-            FROM {texts} WHERE correct GROUP BY ALL""",
+                   {counts}, sum(length(text)), count(DISTINCT pass)
+            FROM {texts} WHERE solved GROUP BY ALL""",
         {"version": ctx.version.name},
     )
 
     def shares(select: Callable[[bool, bool], bool]) -> list[float] | None:
-        picked = [r[2:] for r in rows if select(r[0], r[1])]
+        picked = [r[2:-1] for r in rows if select(r[0], r[1])]
         total = sum(r[-1] for r in picked)
         if not total:
             return None
@@ -235,7 +244,8 @@ def _composition(ctx: Context, texts: str) -> Shift | None:
     if child is None or parent is None:
         return None
     spread = _tvd(first, rest) if first is not None and rest is not None else None
-    return distance_shift("composition", _tvd(child, parent), 0.0, _tvd(child, parent), spread)
+    passes = sum(r[-1] for r in rows if not r[0])
+    return distance_shift("composition", _tvd(child, parent), 0.0, _tvd(child, parent), spread, passes)
 
 
 def _tvd(a: list[float], b: list[float]) -> float:
@@ -251,7 +261,7 @@ def _novelty(ctx: Context, texts: str) -> Shift | None:
         WITH shapes AS (
             SELECT version = $version AS mine, pass = (SELECT min(pass) FROM {texts}) AS first,
                    regexp_replace(regexp_replace(text, '[0-9]+', '9', 'g'), '[A-Za-z]+', 'a', 'g') AS s
-            FROM {texts} WHERE correct
+            FROM {texts} WHERE solved
         ), grams AS (
             SELECT mine, first, substr(s, i, 3) AS g FROM shapes, range(1, greatest(length(s) - 1, 1)) AS t(i)
         ),
@@ -267,4 +277,4 @@ def _novelty(ctx: Context, texts: str) -> Shift | None:
         return None  # the child's correct completions are too short to have a trigram
     # The parent's later passes without trigrams have nothing new in them: a spread of 0.
     novelty, spread = float(row[0]), (float(row[1] or 0.0) if row[2] >= 2 else None)
-    return distance_shift("novelty", novelty, 0.0, novelty, spread)
+    return distance_shift("novelty", novelty, 0.0, novelty, spread, int(row[2]))
