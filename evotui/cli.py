@@ -614,6 +614,34 @@ def diagnose_cmd(workspace: WorkspaceArg, version: VersionArg, as_json: JsonOpt 
     console.print(f"[bold]{diagnosis['run_id']}[/] · harness {diagnosis['harness_revision']}", highlight=False)
     for line in headline(diagnosis, limit=50):
         console.print(f"  {line}", highlight=False)
+    if "flagged" in diagnosis:
+        console.print(_flagged_line(diagnosis["flagged"]), highlight=False)
+
+
+def _flagged_line(flag: dict[str, Any]) -> str:
+    cards = ", ".join(flag["cards"]) or "none"
+    case = "its case retracted" if flag["case"] else "no case on record"
+    return f"{flag['version']} ({flag['state']}) flagged: {flag['reason']}. Skill cards retracted: {cards}; {case}"
+
+
+@app.command("flag")
+def flag_cmd(
+    workspace: WorkspaceArg,
+    version: VersionArg,
+    reason: Annotated[str, typer.Option("--reason", help="What is wrong with the version, in words.")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Flag a version found wanting after its decision (a hack seen in its rollouts, a test-split
+    loss): the skill cards and the case it wrote are retracted, kept and marked, never retrieved."""
+    try:
+        with open_access(workspace) as access:
+            flag = access.call("flag", version=version, reason=reason)
+    except (*USER_ERRORS, EngineError) as exc:
+        _fail(exc)
+    if as_json:
+        _print_json(flag)
+        return
+    console.print(_flagged_line(flag), highlight=False)
 
 
 @app.command("eval")

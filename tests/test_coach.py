@@ -339,6 +339,24 @@ def test_evolution_adopts_an_analyzer_that_separates_and_refuses_one_that_does_n
     assert rows == [("length_mean", True), ("reward_mean", False)]
 
 
+def test_an_adopted_analyzer_blocks_a_run_beyond_every_improved_version(tiny_workspace: Workspace) -> None:
+    """Adopted from lengths where improved versions wrote 25 to 40 and regressed ones 8 to 12: a
+    later run below 25 (the improved versions' edge) is a critical finding that blocks; one
+    inside the improved versions' range is reported only."""
+    store = judged_store(tiny_workspace.root / "judged.duckdb", lengths([30, 25, 28, 40, 35], [8, 10, 9, 12, 11]))
+    (result,) = evolve(store, tiny_workspace.root, [LENGTH], 1, existing=set())
+    assert result.adopted
+    add_judged(store, {"v11": ("improved", 20), "v12": ("improved", 27)})
+    seen = {}
+    for name in ("v11", "v12"):
+        d = RunBuilder(store, run_id=f"{name}-train-1", version=name).diagnose_saved(workspace=tiny_workspace.root)
+        (finding,) = [f for f in d.findings if f.metric == "behavior.length_mean"]
+        assert finding.provenance == "workspace" and finding.threshold == 25
+        seen[name] = (finding.severity, [r.rule for r in d.blocking])
+    assert seen["v11"] == ("critical", ["workspace_critical"])
+    assert seen["v12"] == ("info", [])
+
+
 def test_specs_tried_together_are_held_to_a_corrected_level(tiny_workspace: Workspace) -> None:
     """4 a side separate perfectly at p = 2/70 = 0.029: enough alone (0.05), not when two specs
     were tried for the same anomaly (0.05 / 2 = 0.025)."""

@@ -96,6 +96,11 @@ class VersionParams(_Strict):
     version: VersionName
 
 
+class FlagParams(_Strict):
+    version: VersionName
+    reason: str = Field(min_length=1, max_length=2000, description="What is wrong with the version, in words.")
+
+
 class MetricsParams(_Strict):
     run_id: str
     keys: list[str] = Field(default_factory=list, description="Empty: every key.")
@@ -180,6 +185,7 @@ METHODS: dict[str, type[BaseModel]] = {
     "memory": NoParams,
     "diff": DiffParams,
     "flips": VersionParams,
+    "flag": FlagParams,
 }
 
 

@@ -230,8 +230,8 @@ def memory(store: Store, root: Path) -> dict[str, Any]:
         "skill_problems": problems,
         "cases": _rows(
             store,
-            "SELECT id AS version, signature, domain, parent, kind, template, factor, verdict, decision, outcome"
-            " FROM cases ORDER BY created_at",
+            "SELECT id AS version, signature, domain, parent, kind, template, factor, verdict, decision, outcome,"
+            " retracted FROM cases ORDER BY created_at",
         ),
         "ledger": mem.ledger(),
         "retrievals": mem.retrievals(),

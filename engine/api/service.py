@@ -23,6 +23,7 @@ from engine.api.protocol import (
     AnswerParams,
     BacktestParams,
     DiffParams,
+    FlagParams,
     MetricsParams,
     PageParams,
     ProtocolError,
@@ -33,6 +34,8 @@ from engine.api.protocol import (
 )
 from engine.coach.gates import Answer, Gate, GateError, Gates
 from engine.coach.loop import Coach, CoachEvent
+from engine.coach.memory import Memory
+from engine.coach.skills import SkillLibrary
 from engine.config import GroupFilterConfig
 from engine.core import Engine, RunUpdate, best_version
 from engine.domains import make_domain
@@ -200,11 +203,27 @@ class Service:
         return self.engine.view(self.store)
 
     def do_diagnose(self, p: VersionParams) -> dict[str, Any]:
-        """The harness again over a version's latest run (the workspace's harness as it is now)."""
+        """The harness again over a version's latest run (the workspace's harness as it is now).
+        A promoted version in which a blocking rule now fires is flagged: the memory it wrote is
+        retracted (`Memory.flag`), and the reply says so."""
         try:
-            return self._view().diagnose_version(p.version).to_dict()
+            diagnosis = self._view().diagnose_version(p.version)
         except ValueError as exc:
             raise ProtocolError("not_found", str(exc)) from None
+        reply = diagnosis.to_dict()
+        record = self.store.get_version(p.version)
+        if diagnosis.blocking and record is not None and record.state == "promoted" and not record.flagged:
+            rule = diagnosis.blocking[0]
+            reason = f"diagnosed again after its promotion: rule {rule.rule} is critical: {rule.explanation}"
+            reply["flagged"] = Memory(self.store).flag(p.version, reason, SkillLibrary(self.root))
+        return reply
+
+    def do_flag(self, p: FlagParams) -> dict[str, Any]:
+        """Flag a version after its decision: its case and skill card entries are retracted."""
+        try:
+            return Memory(self.store).flag(p.version, p.reason, SkillLibrary(self.root))
+        except ValueError as exc:
+            raise ProtocolError("not_found" if "no version" in str(exc) else "bad_request", str(exc)) from None
 
     def do_report(self, p: ReportParams) -> dict[str, Any]:
         view = self._view()

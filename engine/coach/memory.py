@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.coach.backends.base import ModelCall
 from engine.coach.interventions import Intervention
+from engine.coach.skills import SkillLibrary
 from engine.harness.diagnose import Diagnosis
 from engine.store import Store
 
@@ -85,14 +86,15 @@ class Memory:
         self.store.record_case(version, case, decision, outcome)
 
     def cases(self, signature: str, domain: str) -> list[dict[str, Any]]:
-        """Cases with this signature first, then those sharing at least one rule; newest first."""
+        """Cases with this signature first, then those sharing at least one rule; newest first;
+        never a retracted one (`flag`)."""
         rules = signature.split("+")
         cur = self.store.con.execute(
             """
             SELECT id AS version, signature, domain, parent, kind, template, factor, verdict, decision, outcome,
                    signature = $sig AS exact
             FROM cases
-            WHERE domain = $domain
+            WHERE domain = $domain AND retracted IS NULL
               AND (signature = $sig OR len(list_intersect(string_split(signature, '+'), $rules)) > 0)
             ORDER BY exact DESC, created_at DESC
             """,
@@ -100,6 +102,22 @@ class Memory:
         )
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def flag(self, version: str, reason: str, skills: SkillLibrary) -> dict[str, Any]:
+        """A version found wanting after its decision (a person's flag, or a re-diagnosis in which a
+        blocking rule now fires): the version is marked, its case and every skill card entry it
+        validated are retracted (kept, marked with `reason`, never retrieved again)."""
+        if not reason.strip():
+            raise ValueError("a flag needs a reason: say what is wrong with the version")
+        record = self.store.get_version(version)
+        if record is None:
+            raise ValueError(f"no version {version!r} in this workspace")
+        with self.store.transaction():
+            self.store.update_version(version, flagged=reason)
+            cases = self.store.query("UPDATE cases SET retracted = ? WHERE id = ? RETURNING id", [reason, version])
+            cards = skills.retract(version, reason)
+            self.store.add_event("flag", {"reason": reason, "cards": cards, "case": bool(cases)}, version=version)
+        return {"version": version, "reason": reason, "state": record.state, "cards": cards, "case": bool(cases)}
 
     # -- traces ---------------------------------------------------------------------------------
     def record_retrieval(

@@ -153,6 +153,17 @@ class SkillCard(BaseModel):
                 out.append(entry["domain"])
         return out
 
+    @property
+    def standing(self) -> list[dict[str, Any]]:
+        """The validation entries not retracted: the evidence the card still stands on."""
+        return [entry for entry in self.validation if not entry.get("retracted")]
+
+    @property
+    def retracted(self) -> bool:
+        """Every version that validated the card was flagged after its decision: the card is kept
+        (a person can read why) and never retrieved."""
+        return not self.standing
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (what `PlanningContext.skills` carries)."""
         return self.model_dump(mode="json")
@@ -327,6 +338,20 @@ class SkillLibrary:
             raise
         return path
 
+    def retract(self, version: str, reason: str) -> list[str]:
+        """Mark every validation entry from `version` retracted, with `reason`; returns the ids of
+        the cards touched. A card left with no standing entry is retracted: kept, never matched."""
+        touched = []
+        for card in self.load_valid()[0]:
+            if not any(entry["version"] == version for entry in card.validation):
+                continue
+            validation = [
+                entry | {"retracted": reason} if entry["version"] == version else entry for entry in card.validation
+            ]
+            self._save(card.model_copy(update={"validation": validation}))
+            touched.append(card.id)
+        return touched
+
     # -- matching ----------------------------------------------------------------------------------
     def match(self, rules: Sequence[str], domain: str, *, cross_domain: bool = False) -> list[SkillCard]:
         """Cards relevant to the rules that fired, validated in `domain` (or, with `cross_domain`,
@@ -337,6 +362,8 @@ class SkillLibrary:
         fired = {r for r in rules if r}
         scored: list[tuple[int, int, str, SkillCard]] = []
         for card in self.load_valid()[0]:
+            if card.retracted:
+                continue
             if fired:
                 hits = len(fired.intersection(card.trigger))
                 if not hits:
@@ -351,7 +378,7 @@ class SkillLibrary:
                     continue
             elif domain not in domains:
                 continue
-            scored.append((-hits, -len(card.validation), card.id, card))
+            scored.append((-hits, -len(card.standing), card.id, card))
         scored.sort(key=lambda t: t[:3])
         return [t[3] for t in scored]
 

@@ -39,6 +39,8 @@ class VersionRecord:
     #: The verdict's primary comparison: child - parent, and its 95% half-width (the noise floor).
     verdict_delta: float | None = None
     verdict_floor: float | None = None
+    #: Why the version was flagged after its decision (its cards and case are retracted), or None.
+    flagged: str | None = None
 
 
 @dataclass(frozen=True)

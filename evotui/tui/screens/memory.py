@@ -70,6 +70,19 @@ def card_text(card: dict[str, Any]) -> RenderableType:
     return Group(head, Text(body) if body else Text("(no body)", style="dim"))
 
 
+def _validations(entries: list[dict[str, Any]]) -> str:
+    """How many versions validated a card; those flagged since are retracted (a card with none
+    standing is never retrieved)."""
+    retracted = sum(1 for v in entries if v.get("retracted"))
+    return f"{len(entries)}, {retracted} retracted" if retracted else str(len(entries))
+
+
+def _case_value(case: dict[str, Any], key: str) -> Any:
+    if key == "decision" and case.get("retracted"):
+        return f"{case['decision']} (retracted: {case['retracted']})"
+    return case.get(key)
+
+
 class MemoryScreen(Screen[None]):
     """Four tabs over one `memory` reply; 1-4 switch tabs, r reloads."""
 
@@ -146,7 +159,7 @@ class MemoryScreen(Screen[None]):
                     cell(c.get("trigger") or ["(general)"]),
                     cell((c.get("intervention") or {}).get("template") or (c.get("intervention") or {}).get("kind")),
                     cell(c.get("domains")),
-                    str(len(c.get("validation") or [])),
+                    _validations(c.get("validation") or []),
                 )
                 for c in skills
             ],
@@ -162,7 +175,7 @@ class MemoryScreen(Screen[None]):
         else:
             self.query_one("#skill-card", Static).update("")
         case_keys = ("version", "signature", "kind", "template", "verdict", "decision", "outcome")
-        self._rows("cases", [tuple(cell(c.get(k)) for k in case_keys) for c in cases])
+        self._rows("cases", [tuple(cell(_case_value(c, k)) for k in case_keys) for c in cases])
         self._note("cases", f"{len(cases)} case(s)" if cases else "no cases yet: each decided version adds one")
         ledger_keys = ("name", "parent", "kind", "factor", "state", "verdict", "reason")
         self._rows("ledger", [tuple(cell(v.get(k)) for k in ledger_keys) for v in ledger])
