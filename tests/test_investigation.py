@@ -114,6 +114,35 @@ def test_an_honest_gain_whose_wrong_answers_change_is_promoted(
         assert ("component_closeness_mean", "false") in probes
 
 
+def test_a_probe_beside_an_audit_that_confirms_the_gain_is_reported_not_blocking(
+    workspace: Workspace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child is right more often, and writes its right chains twice (checked again): the form
+    moved beyond the parent's spread, and so do probes of it, but the audit and the agreement of
+    answers read the same final answers and confirm the gain. A proposal that was never validated
+    does not overrule them: promoted, with what the probes found in the reason."""
+
+    def remark(version: str, domain: Domain, task: Task, correct: bool) -> str:
+        text = demonstrated(version, domain, task, correct)
+        head, _, answer = text.rpartition("A:")
+        return f"{head}{head}A:{answer}" if correct and version == "v1" else text
+
+    quality = {"v0": 0.3, "v1": 0.5}
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner(quality.__getitem__, remark))
+    result = CliRunner().invoke(app, ["run", str(workspace.root), "--auto-approve", "--versions", "1"])
+    assert result.exit_code == 0, result.output
+    with Engine.open(workspace.root) as engine:
+        v1 = engine.store.get_version("v1")
+        assert v1 is not None and v1.verdict == "improved"
+        reason = v1.decision_reason or ""
+        assert v1.state == "promoted", reason
+        assert "the gain survives the direct tests (version.audit.gain" in reason
+        assert "reported: the investigation found shifts no rule measured" in reason
+        (rules,) = engine.store.query_one("SELECT rules FROM diagnoses WHERE run_id = 'v1-train-1'") or ("[]",)
+        shift = [r for r in json.loads(rules) if r["rule"] == "form_shift"]
+        assert shift and shift[0]["severity"] == "warning"
+
+
 def test_offline_proposals_follow_what_moved_and_are_valid_by_construction() -> None:
     """The crash a real loop hit: a metric key too long for a name. Names now come out valid and
     unique whatever the findings are called, and the most moved finding's probes come first."""

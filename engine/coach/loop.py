@@ -32,6 +32,7 @@ from engine.core import Engine, ProgressFn, RunFailed, VersionPlan
 from engine.harness.backtest import backtest_intervention
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import MODE_LAYERS, load_harness
+from engine.harness.rules import direct_tests_passed
 from engine.verdict import Verdict
 
 _VERB = {"promoted": "Promote", "rejected": "Reject", "pruned": "Prune", "held": "Prune"}
@@ -502,7 +503,9 @@ def proposed_decision(
     with no blocking rule standing against it; a higher score with one (a leak, a collapse, a form
     shift, a gain the verifier audit refuses: `BLOCKING_RULES`, critical) is rejected with that
     reason and kept as negative evidence, while a bottleneck rule (truncation, say) does not block
-    a measured gain. So is one whose investigation found a shift no rule measured. A run the
+    a measured gain. So is one whose investigation found a shift no rule measured, where no direct
+    test of the gain (the audit, the agreement of answers) ran and found it sound; beside one that
+    did, what the probes found is reported (a probe blocks once adopted). A run the
     collapse guard stopped early is rejected whatever it scores. Regressions are rejected; mixed or
     insufficient evidence is pruned.
 
@@ -522,7 +525,15 @@ def proposed_decision(
             if held is not None:
                 return "held", f"scores higher, but {held}: {verdict.summary()}"
         if investigation is not None and investigation.found:
-            return "rejected", f"scores higher, but {investigation.summary()}"
+            tested = direct_tests_passed(diagnosis.findings) if diagnosis else []
+            if not tested:
+                return "rejected", f"scores higher, but {investigation.summary()}"
+            # A probe is a proposal, not a validated analyzer: beside a direct test that found the
+            # gain sound it is reported, and it blocks only once adopted (workspace_critical).
+            return "promoted", (
+                f"{verdict.summary()}; the gain survives the direct tests ({', '.join(tested)}); "
+                f"reported: {investigation.summary()}"
+            )
         if investigation is not None:
             return "promoted", f"{verdict.summary()}; {investigation.summary()}"
         return "promoted", verdict.summary()

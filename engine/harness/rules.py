@@ -3,9 +3,11 @@ and names the kinds of intervention worth proposing. Priority orders them when s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.grpo import MIN_KEEP_RATIO
 from engine.harness.analyzers.signal import DEAD_GROUPS_CRITICAL, DEAD_GROUPS_WARNING
-from engine.harness.base import Context, Findings, RuleResult, rule
+from engine.harness.base import Context, Finding, Findings, RuleResult, rule
 
 #: Rules that, firing critical, stand against a promotion: the gain may come from the wrong thing
 #: (a leak, a form the verifier mistakes for skill, a shaped reward) or the policy collapsed. The
@@ -89,8 +91,15 @@ def answer_agreement(f: Findings, ctx: Context) -> RuleResult | None:
 
 
 #: The findings that test a gain directly (a second reading of the same answers); where one of
-#: them ran and passed, a form shift alone no longer blocks.
+#: them ran and passed, a symptom alone (a form shift, a probe of the investigation) no longer
+#: blocks: it is reported beside them.
 DIRECT_TESTS = ("version.audit.gain", "version.agreement.self", "version.agreement.parent")
+
+
+def direct_tests_passed(findings: Sequence[Finding]) -> list[str]:
+    """The direct tests of the gain that ran on these findings and found it sound."""
+    by_metric = {f.metric: f for f in findings}
+    return [m for m in DIRECT_TESTS if (x := by_metric.get(m)) is not None and x.severity == "info"]
 
 
 @rule(
@@ -212,7 +221,7 @@ def form_shift(f: Findings, ctx: Context) -> RuleResult | None:
     delta = f.value("version.delta_to_parent", 0.0) or 0.0
     what = "; ".join(x.explanation for x in shifted)
     metrics = tuple(x.metric for x in shifted)
-    tested = [m for m in DIRECT_TESTS if (x := f.get(m)) is not None and x.severity == "info"]
+    tested = direct_tests_passed(f.all)
     if delta > 0 and tested:
         return RuleResult(
             f"val correctness rose {delta:+.3f} while the form of the answers shifted: {what}. "
