@@ -44,18 +44,18 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
     seeds = data["settings"]["seeds"]
     arms = {(r["seed"], r["arm"]) for r in data["results"]}
     for seed in seeds:
-        for arm in ("base", "hand", "score-only", "full"):
+        for arm in ("base", "hand", "score-only", "random", "full"):
             if (seed, arm) not in arms:
                 problems.append(f"seed {seed}: no result for arm {arm}")
     for r in data["results"]:
         if r["test_sampled"] is None:
             problems.append(f"seed {r['seed']}, {r['arm']}: no test score")
-        if r["arm"] != "full":
+        if r["arm"] not in ("full", "random"):  # the arms the full harness decides for
             continue
         for v in r["versions"]:
             # The same rule the coach decides by (engine.harness.rules.BLOCKING_RULES, critical).
             if v["decision"] == "promoted" and v["blocking"] and v["parent"] is not None:
-                problems.append(f"seed {r['seed']}: the full loop promoted {v['name']} despite {v['blocking']}")
+                problems.append(f"seed {r['seed']}: {r['arm']} promoted {v['name']} despite {v['blocking']}")
     limit = 600 if quick else 3600
     if seconds > limit:
         problems.append(f"took {seconds:.0f} s, over the {limit} s budget")

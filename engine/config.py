@@ -540,6 +540,11 @@ class CoachConfig(_Section):
     model: str = Field("claude-sonnet-4-5", description="Model name for the anthropic backend.")
     max_tokens: int = Field(4096, ge=256)
     branches: int = Field(2, ge=1, le=8, description="Versions proposed per round, each a different factor.")
+    control: bool = Field(
+        True,
+        description="One branch of each round with room for two continues the parent unchanged (once per parent);"
+        " cases and skill cards credit the other branches with their gain over it.",
+    )
     harness: Literal["full", "score-only"] = Field(
         "full", description="'score-only' diagnoses with the score layer alone (an ablation)."
     )

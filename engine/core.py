@@ -264,35 +264,37 @@ class Engine:
         self.store.update_version(run.version, state="trained", checkpoint=checkpoint)
         self._record_scores(run.version, run.id)
 
-    def _compared(self, version: str) -> tuple[str, RunRecord, RunRecord, tuple[str, str]]:
-        """What a verdict on `version` compares: its parent, both evaluation runs, and the split
-        of each."""
+    def _paired(self, base: str, version: str) -> tuple[RunRecord, RunRecord, tuple[str, str]]:
+        """What a comparison of `version` with `base` reads: both evaluation runs, and the split of
+        each."""
+        base_run, run = self.eval_run(base), self.eval_run(version)
+        if base_run is None or run is None:
+            raise ValueError(f"{base} or {version} has no evaluation yet")
+        splits = ("val", "val")
+        if self.version_config(base).domain != self.version_config(version).domain:
+            # One of them changed the environment (e.g. closed a leak): val as each saw it is not
+            # common ground, the clean replay is (a run without one was clean already).
+            splits = (clean_split(self.store, base_run.id), clean_split(self.store, run.id))
+        return base_run, run, splits
+
+    def _parent(self, version: str) -> str:
         record = self.store.get_version(version)
         if record is None or record.parent is None:
             raise ValueError(f"{version} has no parent to be judged against")
-        parent_run, child_run = self.eval_run(record.parent), self.eval_run(version)
-        if parent_run is None or child_run is None:
-            raise ValueError(f"{record.parent} or {version} has no evaluation yet")
-        splits = ("val", "val")
-        if self.version_config(record.parent).domain != self.version_config(version).domain:
-            # The child changed the environment (e.g. closed a leak): val as each saw it is not
-            # common ground, the clean replay is (a run without one was clean already).
-            splits = (clean_split(self.store, parent_run.id), clean_split(self.store, child_run.id))
-        return record.parent, parent_run, child_run, splits
+        return record.parent
+
+    def compare(self, base: str, version: str) -> Verdict:
+        """`version` against `base` (its parent, or any evaluated version: a sibling control) on the
+        val tasks both evaluated, by `version`'s protocol; stores nothing."""
+        base_run, run, splits = self._paired(base, version)
+        protocol = self.version_config(version).eval
+        return compare_runs(
+            self.store, base, base_run.id, version, run.id, splits, protocol.primary, protocol.guardrails
+        )
 
     def judge(self, version: str) -> Verdict:
-        parent, parent_run, child_run, splits = self._compared(version)
-        protocol = self.version_config(version).eval
-        verdict = compare_runs(
-            self.store,
-            parent,
-            parent_run.id,
-            version,
-            child_run.id,
-            splits,
-            protocol.primary,
-            protocol.guardrails,
-        )
+        """`version` against its parent, recorded on the version."""
+        verdict = self.compare(self._parent(version), version)
         main = verdict.primary_delta
         self.store.update_version(
             version,
@@ -306,7 +308,7 @@ class Engine:
     def flips(self, version: str, examples: int = 5) -> dict[str, Any]:
         """The val tasks whose outcome flipped between the version and its parent, on the primary
         decoding (`engine.verdict.flips`)."""
-        _, parent_run, child_run, splits = self._compared(version)
+        parent_run, child_run, splits = self._paired(self._parent(version), version)
         primary = self.version_config(version).eval.primary
         return flips(self.store, parent_run.id, child_run.id, primary, splits, examples)
 

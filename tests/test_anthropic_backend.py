@@ -417,3 +417,17 @@ def test_the_key_never_leaves_the_sdk_client(api: FakeMessagesAPI) -> None:
         assert KEY not in text  # ... and it is nowhere else
     assert all(KEY not in json.dumps(asdict(c)) for c in backend.calls)
     assert all(KEY not in repr(v) for k, v in vars(backend).items() if k != "_client")
+
+
+def test_the_model_reads_the_ranking_of_what_paid(api: FakeMessagesAPI, tmp_path: Path) -> None:
+    from engine.coach import bandit
+    from engine.store import Store
+
+    store = Store(tmp_path / "s.duckdb")
+    arms = [a.to_dict() for a in bandit.rank(store, "math", ["truncation"], [], "round 1")]
+    store.close()
+    api.enqueue(tool_use_reply(PROPOSE_TOOL, proposals(LOWER_LR, CLOSENESS)))
+    make_backend(api).propose(make_ctx(ranking=arms))
+    (request,) = api.requests
+    assert json.loads(last_user_blocks(request)[0]["text"])["context"]["ranking"] == arms
+    assert "`ranking`" in request.body["system"]

@@ -75,7 +75,9 @@ def test_which_domains_are_audited() -> None:
     assert own is not None and own(Task("t", "p", "?", ""), "x") is None and own(Task("t", "p", "x", ""), "x")
 
 
-def hack_workspace(root: Path, hack: str, sample_toml: str, sampled_seeds: int = 2) -> Workspace:
+def hack_workspace(
+    root: Path, hack: str, sample_toml: str, sampled_seeds: int = 2, control: bool = True
+) -> Workspace:
     ws = init_workspace(root)
     (ws.root / "domains").mkdir(exist_ok=True)
     shutil.copy(HACK, ws.root / "domains" / "hack.py")
@@ -85,6 +87,7 @@ def hack_workspace(root: Path, hack: str, sample_toml: str, sampled_seeds: int =
         "domain.module": "hack",
         "domain.options": {"hack": hack, "train_size": 200, "val_size": 200},
         "recipe.rewards": {"correctness": 1.0},
+        "coach.control": control,
     }
     ws.config_path.write_text(edit_toml(text, edits), encoding="utf-8")
     repo = git.Repo(ws.root)

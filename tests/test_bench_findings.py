@@ -15,6 +15,7 @@ from engine.bench.report import (
     leak_finding,
     main_finding,
     main_table,
+    paired,
     plot_png,
     plot_terminal,
     rl_pays_finding,
@@ -44,6 +45,7 @@ def version(name: str, parent: str | None, score: float, decision: str = "promot
         "rules": [],
         "cpu_seconds": None if parent is None else 100.0,
         "test_sampled": score if decision == "promoted" else None,
+        "test_per_task": solved(score, 0) if decision == "promoted" else {},
     }
     fields.update(kw)
     return VersionRow(name=name, parent=parent, decision=decision, **fields)  # type: ignore[arg-type]
@@ -88,6 +90,7 @@ def results(full_promotes_leak: bool, seed: int = 0) -> list[ArmResult]:
         arm("base", seed, "v0", [v0]),
         arm("hand", seed, "v1", [v0, version("v1", "v0", 0.40)], steps=60),
         arm("score-only", seed, "v1", [v0, version("v1", "v0", 0.27, seen_greedy=0.6, rules=["leak"])]),
+        arm("random", seed, "v1", [v0, version("v1", "v0", 0.35)]),
         arm("full", seed, "v2", [v0, leaky, closed]),
     ]
 
@@ -103,16 +106,31 @@ def test_the_leak_finding_holds_fails_or_is_not_observed() -> None:
     assert leak_finding(clean).verdict() == "not observed"
 
 
-def test_the_main_finding_needs_the_full_loop_beyond_score_only_on_test() -> None:
+def test_the_main_finding_needs_the_full_loop_beyond_score_only_and_random_search_on_test() -> None:
     rs = results(full_promotes_leak=False)
-    main = main_finding(rs)  # full 0.50 against score-only 0.27 on the same 400 tasks: beyond the floor
-    assert main.holds == {0: True} and "vs score-only v1 0.270" in main.lines[0]
+    main = main_finding(rs)  # full 0.50 against score-only 0.27 and random 0.35 on the same 400 tasks
+    assert main.holds == {0: True}
+    assert "vs score-only v1 0.270" in main.lines[0] and "vs random v1 0.350" in main.lines[0]
     tied = [r for r in rs if r.arm != "full"] + [
         arm("full", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.27)])
     ]
     assert main_finding(tied).holds == {0: False}  # equal on test: the interval holds 0
+    # Beyond score-only but level with random search: the coach's proposals added nothing.
+    level = [r for r in rs if r.arm != "random"] + [
+        arm("random", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.5)])
+    ]
+    assert main_finding(level).holds == {0: False}
     assert rl_pays_finding(rs).holds == {0: True}  # hand 0.40 against v0 0.30
     assert hand_finding(rs).holds == {0: True} and hand_finding(tied).holds == {0: False}
+    # Below the hand recipe by less than the noise: the interval holds 0, and the finding holds.
+    hand = next(r for r in rs if r.arm == "hand").test_per_task
+    right, wrong = [t for t, x in hand.items() if x == 1], [t for t, x in hand.items() if x == 0]
+    near = arm("full", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.38)])
+    # 20 of the hand recipe's solved tasks lost, 14 others won: 6 fewer of 400, within the noise.
+    near.test_per_task = hand | dict.fromkeys(right[:20], 0.0) | dict.fromkeys(wrong[:14], 1.0)
+    d = paired(near.test_per_task, hand)
+    assert d is not None and d[0] == -6 / TASKS and d[1] < 0 < d[2]
+    assert hand_finding([r for r in rs if r.arm != "full"] + [near]).holds == {0: True}
 
 
 def test_compute_counts_every_step_until_a_promoted_version_reached_the_hand_recipe() -> None:
@@ -131,7 +149,7 @@ def test_compute_counts_every_step_until_a_promoted_version_reached_the_hand_rec
 def test_the_main_table_has_one_row_per_arm_with_seed_spread() -> None:
     rows = main_table(results(False, seed=0) + results(False, seed=1))
     assert rows[0][1] == "test greedy"
-    assert [r[0] for r in rows[1:]] == ["base", "hand", "score-only", "full"]
+    assert [r[0] for r in rows[1:]] == ["base", "hand", "score-only", "random", "full"]
     full = rows[-1]
     assert full[1] == "0.500 ± 0.000" and full[2] == "0.500 ± 0.040" and full[4] == "2" and full[5] == "40"
     assert full[7] == "2 promoted, 2 rejected"

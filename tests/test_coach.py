@@ -511,8 +511,15 @@ def engine(tiny_workspace: Workspace) -> Engine:
     engine.close()
 
 
+def without_control(coach: Coach) -> Coach:
+    """The coach of a workspace with `[coach] control = false`."""
+    coach.config = coach.config.model_copy(update={"coach": coach.config.coach.model_copy(update={"control": False})})
+    return coach
+
+
 def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Engine) -> None:
-    coach = Coach(engine, answer=auto_approve)
+    # Without a control (`[coach] control = false`) a promotion's card is credited against the parent.
+    coach = without_control(Coach(engine, answer=auto_approve))
     iv = TEMPLATES["continuous_correctness"].propose(engine.version_config("v0"), ["rule:insufficient_signal"])
     assert iv is not None
     child(engine, "v1", iv)
@@ -528,6 +535,7 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     (card,) = coach.skills.load()
     assert card.trigger == ["insufficient_signal"] and card.intervention["template"] == "continuous_correctness"
     assert card.validation[0]["delta_sampled"] == pytest.approx(after.mean() - before.mean())
+    assert card.validation[0]["control"] is None and "no control" in card.expected_outcome
     assert engine.store.get_version("v1").state == "promoted"
     (case,) = Memory(engine.store).cases("insufficient_signal", "math")
     assert case["decision"] == "promoted"
@@ -669,7 +677,8 @@ def test_a_loop_whose_backtests_drop_every_branch_stops_and_never_proposes_a_dro
     monkeypatch.setattr(
         loop_module, "backtest_intervention", lambda *a, **k: InterventionBacktest(None, "revives nothing", True)
     )
-    result = Coach(engine, answer=auto_approve).run(2)
+    coach = without_control(Coach(engine, answer=auto_approve))  # a control is never backtested
+    result = coach.run(2)
     assert result.trained == [] and result.stopped is not None
     rounds = engine.store.query("SELECT id, proposals FROM rounds ORDER BY id")
     branches = [b for _, p in rounds for b in json.loads(p)]
@@ -737,7 +746,10 @@ def test_hopeless_prompts_are_found_in_sql_and_dropped_only_when_they_matter(eng
     builder.save(2)
     facts = run_facts(engine.store, "v0-train-1")
     # hard: t0 (4 samples) and t2 (2), none right; easy: t1 (4 samples, 1 right) and t3 (2 right).
-    assert facts == Facts(("t0", "t2"), 4, (("hard", 0.0), ("easy", 3 / 6)))
+    assert (facts.hopeless_tasks, facts.seen_tasks) == (("t0", "t2"), 4)
+    assert facts.subset_success == (("hard", 0.0), ("easy", 3 / 6))
+    assert facts.task_success == ((0, 4), (1, 4), (0, 2), (2, 2))  # (right, samples) of t0..t3
+    assert facts.lengths is None  # three correct completions: too few to fit lengths on
 
     template = TEMPLATES["drop_hopeless"]
     config = engine.version_config("v0")

@@ -15,6 +15,7 @@ from engine.coach.planning import FLIP_EXAMPLES
 from engine.coach.reports import gate_report_lines
 from engine.core import Engine
 from engine.domains.base import Domain, Task
+from engine.harness.rules import BLOCKING_RULES
 from engine.workspace import Workspace, init_workspace
 from evotui.cli import app
 from tests.conftest import commit_workspace_toml, tiny_toml
@@ -70,21 +71,25 @@ def test_evotui_run_investigates_an_unexplained_gain_before_promoting_it(
 def test_a_probe_that_moves_beyond_its_floor_rejects_the_version(
     tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where neither the audit nor the agreement of answers applies, the built-in rules cannot
-    see a verifier that accepts a near miss (the answers keep their one-number form), but a probe
-    the investigation brings does: on the tasks both versions solved, the accepted answers'
-    `strict` component (logged, not trained on) falls from 1, as the parent's always were."""
+    """Where neither the audit nor the agreement of answers applies, a verifier that accepts a near
+    miss (the answers keep their one-number form) is seen by a probe the investigation brings: on
+    the tasks both versions solved, the accepted answers' `strict` component (logged, not trained
+    on) falls from 1, as the parent's always were. The probe alone rejects it."""
     monkeypatch.setattr("engine.domains.custom.CustomDomain.AUDITED", False)
     monkeypatch.setattr("engine.domains.custom.CustomDomain.ONE_ANSWER", False)
     monkeypatch.setattr("engine.core.make_runner", lambda compute: hacked("tolerance"))
-    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml)
+    # Four sampled passes: at two, a probe's floor is 7x the passes' spread (engine.harness.cutoffs),
+    # and a draw decides whether it sees this. At four the built-in form shift sees it too: here it
+    # does not block, so that what rejects the version is the probe.
+    monkeypatch.setattr("engine.harness.rules.BLOCKING_RULES", BLOCKING_RULES - {"form_shift"})
+    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml, sampled_seeds=4)
     result = CliRunner().invoke(app, ["run", str(ws.root), "--auto-approve", "--versions", "1"])
     assert result.exit_code == 0, result.output
     with Engine.open(ws.root) as engine:
         v1 = engine.store.get_version("v1")
         assert v1 is not None and v1.verdict == "improved"
         (rules,) = engine.store.query_one("SELECT rules FROM diagnoses WHERE run_id = 'v1-train-1'") or ("",)
-        assert not {"verifier_audit", "answer_agreement", "form_shift"} & {r["rule"] for r in json.loads(rules)}
+        assert not {"verifier_audit", "answer_agreement"} & {r["rule"] for r in json.loads(rules)}
         reason = v1.decision_reason or ""
         assert v1.state == "rejected" and "the investigation found shifts no rule measured" in reason, reason
         assert "component_strict_mean" in reason

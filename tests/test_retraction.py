@@ -78,7 +78,7 @@ def test_a_promoted_version_that_a_later_harness_blocks_is_flagged_by_its_diagno
     monkeypatch.setattr(
         "engine.core.make_runner", lambda compute: ScriptedRunner({"v0": 0.3, "v1": 0.6}.__getitem__, form)
     )
-    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml)
+    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml, control=False)  # a card without a control
     result = CliRunner().invoke(app, ["run", str(ws.root), "--auto-approve", "--versions", "1"])
     assert result.exit_code == 0, result.output
     lib = SkillLibrary(ws.root)

@@ -1,9 +1,12 @@
-"""The autonomy benchmark: four arms on one workspace, the same v0, data and GRPO-step budget.
+"""The autonomy benchmark: five arms on one workspace, the same v0, data and GRPO-step budget.
 
 - **base**: v0 as it is;
 - **hand**: the workspace's hand-made recipe (`[bench] hand_recipe`), one version trained for the
   whole budget;
 - **score-only**: the coach with the score layer of the harness alone (the ablation);
+- **random**: random search: the same catalog, templates and magnitudes drawn at random (seeded
+  with the benchmark seed, `engine.coach.backends.random_search`), judged and decided by the same
+  rule as the full loop (the full harness), within the same budget;
 - **full**: the coach with the full, evolving harness.
 
 Each seed clones the workspace's committed state into `<ws>/.evotrainer/bench/<id>/seed<k>/`,
@@ -29,8 +32,9 @@ from typing import Any
 
 import git
 
+from engine.coach.backends.random_search import RandomPlanner
 from engine.coach.gates import Answer, Gate
-from engine.coach.interventions import config_changes, edit_toml
+from engine.coach.interventions import CONTROL, config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
@@ -41,7 +45,7 @@ from engine.verdict import clean_split, per_task_correctness, split_scores
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
 
-ARMS = ("base", "hand", "score-only", "full")
+ARMS = ("base", "hand", "score-only", "random", "full")
 
 Say = Callable[[str], None]
 
@@ -100,8 +104,10 @@ class VersionRow:
     #: The rules among them that stand against a promotion (`BLOCKING_RULES`, critical).
     blocking: list[str] = field(default_factory=list)
     cpu_seconds: float | None = None  # of the coach call that trained it (its run, evaluation and diagnosis)
-    #: Sampled correctness on test, for the versions the report reads (an arm's promoted lineage).
+    #: Sampled correctness on test, for the versions the report reads (an arm's promoted lineage) ...
     test_sampled: float | None = None
+    #: ... and per test task (the sampled passes' mean), for paired comparisons with other arms.
+    test_per_task: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -230,7 +236,8 @@ def version_rows(engine: Engine) -> list[VersionRow]:
         rules = [r["rule"] for r in fired]
         blocking = [r["rule"] for r in fired if is_blocking(r["rule"], r["severity"])]
         changes = json.loads(change) if isinstance(change, str) else (change or {})
-        text = ", ".join(f"{k} {v.get('from')!r} -> {v.get('to')!r}" for k, v in changes.items()) or "(base)"
+        text = ", ".join(f"{k} {v.get('from')!r} -> {v.get('to')!r}" for k, v in changes.items())
+        text = text or ("control (no change)" if template == CONTROL else "(base)")
         out.append(
             VersionRow(
                 name,
@@ -292,7 +299,8 @@ def steps_used(engine: Engine) -> int:
 
 def run_loop(
     engine: Engine,
-    harness: str,
+    arm: str,
+    seed: int,
     settings: BenchSettings,
     say: Say,
     progress: ProgressFn | None,
@@ -316,7 +324,9 @@ def run_loop(
         if progress is not None:
             progress(update)
 
-    coach = Coach(engine, answer=approve_everything, on_event=on_event, harness=harness)
+    backend = RandomPlanner(seed) if arm == "random" else None
+    harness = "score-only" if arm == "score-only" else "full"
+    coach = Coach(engine, backend=backend, answer=approve_everything, on_event=on_event, harness=harness)
     stopped = None
     while (used := steps_used(engine)) < settings.budget_steps:
         # As many versions as the budget has room for, so that rounds keep their branches.
@@ -346,7 +356,7 @@ def run_arm(
         elif arm == "hand":
             final, stopped = run_hand(engine, settings, progress)
         else:
-            final, stopped = run_loop(engine, arm, settings, say, progress, cpu_of)
+            final, stopped = run_loop(engine, arm, seed, settings, say, progress, cpu_of)
         cpu, wall = _cpu_seconds() - cpu, time.perf_counter() - wall
         if arm == "hand":
             cpu_of["v1"] = cpu
@@ -368,6 +378,8 @@ def run_arm(
                 run, scores = engine.evaluate(r.name, "test")
                 tested[r.name] = (run.id, scores)
                 r.test_sampled = scores.sampled
+                by_task = per_task_correctness(engine.store, run.id, "sampled", "test")
+                r.test_per_task = {task: value for (task, _), value in by_task.items()}
         final_run, final_scores = tested[final]
         per_task = per_task_correctness(engine.store, final_run, "sampled", "test")
     return ArmResult(

@@ -23,6 +23,7 @@ from engine.coach.backends.base import Backend
 from engine.coach.backends.offline import OfflinePlanner
 from engine.coach.evolution import Investigation, evolve, find_anomaly, moved, probe, revalidate
 from engine.coach.gates import Answer, Answerer, Gate, Gates, nobody
+from engine.coach.interventions import Intervention, control
 from engine.coach.memory import Memory, failure_signature
 from engine.coach.planning import Planner
 from engine.coach.rounds import Branch, Round, Rounds
@@ -206,12 +207,19 @@ class Coach:
 
     # -- design -------------------------------------------------------------------------------------
     def _design(self, rnd: Round, diagnosis: Diagnosis | None, remaining: int) -> bool:
+        ranking: list[dict[str, Any]] = []
         for revision in range(MAX_REVISIONS + 1):
             subject = f"round{rnd.id}-design{revision}"
             # Resuming at this design's gate: the proposals it shows, not new ones.
             if self.gates.find(rnd.id, "after_design", subject) is None or not rnd.branches:
                 branches = min(self.config.coach.branches, remaining)
-                proposals = self.planner.propose(rnd, diagnosis, branches)
+                with_control = self._needs_control(rnd.parent, branches)
+                proposals = self.planner.propose(rnd, diagnosis, branches - with_control)
+                ranking = proposals.ranking
+                if with_control:
+                    steps = self.engine.version_config(rnd.parent).recipe.steps
+                    proposals.interventions.insert(0, control(steps))
+                    proposals.rationale += "; with the control (the parent trained on, no change)"
                 rnd.branches, rnd.rationale = self.planner.branches(rnd, proposals), proposals.rationale
                 if not rnd.branches:
                     self._emit("refused", f"round {rnd.id}: nothing applicable to propose from {rnd.parent}")
@@ -220,6 +228,8 @@ class Coach:
                 for b in rnd.branches:
                     self._emit("proposal", b.title, round=rnd.id, hypothesis=b.intervention.hypothesis)
             report = {"rationale": rnd.rationale, "proposals": [b.model_dump(mode="json") for b in rnd.branches]}
+            if ranking:
+                report["ranking"] = ranking
             answer = self._gate(rnd, "after_design", subject, f"Run {len(rnd.branches)} branch(es)?", report)
             if answer.verb == "approve":
                 self.rounds.advance(rnd, "backtest")
@@ -227,6 +237,14 @@ class Coach:
             self._emit("proposal", f"revised: {answer.feedback}", round=rnd.id)
         self._emit("refused", f"round {rnd.id}: still revised after {MAX_REVISIONS} proposals")
         return False
+
+    def _needs_control(self, parent: str, branches: int) -> bool:
+        """A round with room for two branches runs the control, unless this parent already has one."""
+        return self.config.coach.control and branches >= 2 and self._control(parent) is None
+
+    def _control(self, parent: str) -> str | None:
+        """The parent's evaluated control (one a round aborted before it trained does not count)."""
+        return next((c for c in self.memory.controls(parent) if self.engine.eval_run(c) is not None), None)
 
     # -- backtests ----------------------------------------------------------------------------------
     def _backtest(self, rnd: Round, diagnosis: Diagnosis | None) -> None:
@@ -242,6 +260,8 @@ class Coach:
         ran = []
         for b in rnd.branches:
             iv = b.intervention
+            if iv.is_control:  # it changes nothing: nothing to price
+                continue
             outcome = backtest_intervention(self.store, run.id, iv.kind, iv.changes) if run else None
             if outcome is None:
                 continue
@@ -392,12 +412,13 @@ class Coach:
         name, iv = b.version, b.intervention
         assert name is not None
         domain = self.engine.version_config(name).domain.name
+        against = self._against_control(rnd.parent, name, iv) if verdict is not None else None
         if decision == "promoted" and verdict is not None:  # written first: the decision below is the unit
-            card = card_from_promotion(name, rnd.parent, iv, diagnosis.rule_names if diagnosis else [], verdict, domain)
-            path = self.skills.write(card)
-            self._emit("skill", f"skill card {path.name} written from {name}", version=name)
+            self._card(rnd, name, iv, diagnosis, verdict, against, domain)
         case = {"signature": failure_signature(diagnosis), "domain": domain, "parent": rnd.parent, "kind": iv.kind}
         case |= {"template": iv.template, "factor": iv.factor, "verdict": verdict.label if verdict else None}
+        if against is not None:
+            case |= {"control": against.parent, "vs_control": against.label, "vs_control_delta": _primary(against)}
         if decision == "failed":  # the run failed: no tag to add, the case alone
             self.store.record_case(name, case, decision, reason)
         else:
@@ -405,6 +426,38 @@ class Coach:
         self._emit("decision", f"{name} {decision}: {reason}", version=name, decision=decision)
         b.done = True
         self.rounds.save_branches(rnd)
+
+    def _against_control(self, parent: str, name: str, iv: Intervention) -> Verdict | None:
+        """The branch against its parent's control on val (None for the control itself, or when the
+        parent has no trained control)."""
+        control_name = self._control(parent)
+        if iv.is_control or control_name is None:
+            return None
+        return self.engine.compare(control_name, name)
+
+    def _card(
+        self,
+        rnd: Round,
+        name: str,
+        iv: Intervention,
+        diagnosis: Diagnosis | None,
+        verdict: Verdict,
+        against: Verdict | None,
+        domain: str,
+    ) -> None:
+        """A skill card for a promotion whose factor beat the round's control beyond the floor (with
+        the control off, against the parent, and the card says so). The control earns none: its
+        gain over itself is nothing, and what it shows (training longer pays) is in its case."""
+        if iv.is_control:
+            return
+        if self.config.coach.control and (against is None or against.label != "improved"):
+            why = "no trained control" if against is None else f"against the control {against.summary()}"
+            self._emit("skill", f"no skill card from {name}: its factor did not beat the control ({why})", version=name)
+            return
+        rules = diagnosis.rule_names if diagnosis else []
+        card = card_from_promotion(name, rnd.parent, iv, rules, verdict, domain, against)
+        path = self.skills.write(card)
+        self._emit("skill", f"skill card {path.name} written from {name}", version=name)
 
     def _investigate(
         self, rnd: Round, name: str, verdict: Verdict, parent_diagnosis: Diagnosis | None, child: Diagnosis | None
@@ -540,6 +593,11 @@ def proposed_decision(
     if verdict.label == "regressed":
         return "rejected", verdict.summary()
     return "pruned", verdict.summary()
+
+
+def _primary(verdict: Verdict) -> float | None:
+    main = verdict.primary_delta
+    return main.diff if main else None
 
 
 def _held(diagnosis: Diagnosis | None, investigation: Investigation | None) -> str | None:

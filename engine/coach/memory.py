@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.coach.backends.base import ModelCall
-from engine.coach.interventions import Intervention
+from engine.coach.interventions import CONTROL, Intervention
 from engine.coach.skills import SkillLibrary
 from engine.harness.diagnose import Diagnosis
 from engine.store import Store
@@ -54,6 +54,17 @@ class Memory:
         )
         names = [d[0] for d in cur.description]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+    def controls(self, parent: str) -> list[str]:
+        """The control branches of `parent` (the parent trained on unchanged), oldest first, but
+        those whose run failed."""
+        rows = self.store.query(
+            """SELECT v.name FROM versions v JOIN interventions i ON i.id = v.intervention_id
+               WHERE v.parent = ? AND i.template = ? AND v.state != 'failed'
+               ORDER BY CAST(substr(v.name, 2) AS INTEGER)""",
+            [parent, CONTROL],
+        )
+        return [name for (name,) in rows]
 
     def consecutive_failures(self) -> int:
         """Child versions that ended without promotion since the last promotion (decision order)."""

@@ -15,8 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from engine.coach import bandit
 from engine.coach.backends.base import AnalyzerSpec, Backend, BackendError, PlanningContext, Proposals
-from engine.coach.backends.offline import OfflinePlanner
+from engine.coach.backends.offline import OfflinePlanner, signals
 from engine.coach.gates import Gates
 from engine.coach.interventions import InterventionError, apply, config_changes, run_facts
 from engine.coach.literature import Literature
@@ -91,6 +92,10 @@ class Planner:
             facts=run_facts(self.engine.store, diagnosis.run_id if diagnosis else None),
             flips=self.flips(parent),
         )
+        bottleneck = diagnosis.bottleneck.rule if diagnosis and diagnosis.bottleneck else None
+        seed = f"round {rnd.id} from {parent}"
+        arms = bandit.rank(self.engine.store, domain, signals(ctx), ctx.skills, seed, bottleneck)
+        ctx.ranking = [a.to_dict() for a in arms]
         return ctx, lookups
 
     def flips(self, version: str) -> dict[str, Any] | None:
@@ -113,6 +118,7 @@ class Planner:
         finally:
             self._record_calls(rnd.id)
         self.memory.record_lookups(rnd.id, lookups, proposals.interventions)
+        proposals.ranking = ctx.ranking
         return proposals
 
     def propose_analyzers(self, rnd: Round, diagnosis: Diagnosis | None, anomaly: dict[str, Any]) -> list[AnalyzerSpec]:
@@ -140,6 +146,9 @@ class Planner:
                 self.emit("refused", str(exc), round=rnd.id)
                 continue
             change = config_changes(parent_config, config)
+            if iv.is_control:
+                out.append(Branch(intervention=iv, text=parent_text, change={}, title=iv.title()))
+                continue
             if not change or factors & set(iv.factors):
                 self.emit("refused", f"{iv.title()}: no change, or a factor another branch already changes")
                 continue

@@ -19,6 +19,8 @@ def gate_report_lines(report: Any, detail: bool = True) -> list[str]:
             lines.append(f"- {p['title']}")
             if detail:
                 lines.append(f"  hypothesis: {p['intervention']['hypothesis']}")
+        if detail and report.get("ranking"):
+            lines += ranking_lines(report["ranking"])
         return lines or ["(no proposals)"]
     if isinstance(report, list):
         return [f"- {r['title']}: {r['backtest']['summary']}" for r in report]
@@ -41,6 +43,18 @@ def gate_report_lines(report: Any, detail: bool = True) -> list[str]:
         rules = report["rules"]
         return [f"rule {r['rule']} ({r['severity']}): {r['explanation']}" for r in rules] or ["no rule fired"]
     return []
+
+
+def ranking_lines(ranking: list[dict[str, Any]], top: int = 8) -> list[str]:
+    """The round's Thompson ranking (`engine.coach.bandit`): what each template won and lost against
+    its control in this workspace, its prior, posterior mean and this round's draw."""
+    lines = ["ranking (won/lost against the control; prior; mean; this round's draw):"]
+    for a in ranking[:top]:
+        prior = f"{a['prior'][0]},{a['prior'][1]}"
+        lines.append(
+            f"  {a['template']:<22} {a['won']}/{a['lost']}  prior {prior:<4} mean {a['mean']:.2f}  draw {a['draw']:.2f}"
+        )
+    return lines
 
 
 def flip_lines(flips: dict[str, Any], examples: int = 3) -> list[str]:

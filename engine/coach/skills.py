@@ -170,12 +170,28 @@ class SkillCard(BaseModel):
 
 
 def card_from_promotion(
-    version: str, parent: str, iv: Intervention, trigger: Sequence[str], verdict: Verdict, domain: str
+    version: str,
+    parent: str,
+    iv: Intervention,
+    trigger: Sequence[str],
+    verdict: Verdict,
+    domain: str,
+    against: Verdict | None = None,
 ) -> SkillCard:
     """The card a promotion writes: intervention `iv` (from `parent` to `version`) validated once
-    by `verdict`, relevant when the rules `trigger` fire (none: a general improvement)."""
+    by `verdict`, relevant when the rules `trigger` fire (none: a general improvement). `against`
+    is the version against the round's control (the parent trained on unchanged): the card names
+    the control and credits the factor with that gain; without one it says "no control"."""
     rules = sorted(set(trigger))
     deltas = {d.decoding: d.diff for d in verdict.deltas}
+    control = against.primary_delta if against is not None else None
+    if against is not None and control is not None:
+        credit = (
+            f"; against the control {against.parent}: {control.decoding} {control.diff:+.3f}"
+            f" (95% {control.low:+.3f} to {control.high:+.3f})"
+        )
+    else:
+        credit = "; no control (its gain over the parent includes the extra training)"
     return SkillCard(
         id=slugify(f"{'-'.join(rules) or 'general'}-{iv.template or iv.factor}"),
         title=f"{iv.title()} when {', '.join(rules) or 'no rule fires'}",
@@ -183,6 +199,7 @@ def card_from_promotion(
         intervention={"kind": iv.kind, "template": iv.template, "changes": iv.changes},
         expected_outcome="val correctness "
         + ", ".join(f"{k} {v:+.3f}" for k, v in deltas.items())
+        + credit
         + " (one validation)",
         validation=[
             {
@@ -191,6 +208,10 @@ def card_from_promotion(
                 "verdict": verdict.label,
                 "delta_greedy": deltas.get("greedy"),
                 "delta_sampled": deltas.get("sampled"),
+                "control": against.parent if against is not None else None,
+                "control_delta": control.diff if control is not None else None,
+                "control_low": control.low if control is not None else None,
+                "control_high": control.high if control is not None else None,
                 "domain": domain,
                 "date": dt.date.today().isoformat(),
             }

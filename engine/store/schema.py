@@ -290,6 +290,12 @@ MIGRATIONS: list[str] = [
     ALTER TABLE versions ADD COLUMN flagged VARCHAR;    -- why the version was flagged after its decision
     ALTER TABLE cases ADD COLUMN retracted VARCHAR;     -- why the case is no longer retrieved
     """,
+    # 12: a control in every round: each case records the branch against its parent's control.
+    """
+    ALTER TABLE cases ADD COLUMN control VARCHAR;           -- the control it was compared with (NULL: none)
+    ALTER TABLE cases ADD COLUMN vs_control VARCHAR;        -- that comparison's label (improved, regressed, ...)
+    ALTER TABLE cases ADD COLUMN vs_control_delta DOUBLE;   -- its primary difference
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -313,8 +313,10 @@ class Store:
 
     def record_case(self, version: str, case: dict[str, Any], decision: str, outcome: str) -> None:
         """A branch's case for the case memory (`case`: signature, domain, parent, kind, template,
-        factor, verdict); recorded again, it replaces the row."""
+        factor, verdict, and against the parent's control: control, vs_control, vs_control_delta);
+        recorded again, it replaces the row."""
         columns = ("signature", "domain", "parent", "kind", "template", "factor", "verdict")
+        columns += ("control", "vs_control", "vs_control_delta")
         self.con.execute(
             f"INSERT OR REPLACE INTO cases (id, {', '.join(columns)}, decision, outcome)"
             f" VALUES (?, {', '.join('?' * len(columns))}, ?, ?)",

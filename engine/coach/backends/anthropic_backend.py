@@ -63,6 +63,9 @@ do not propose from the particular tasks or their answers, and never guess other
 - Change several factors together only when cited evidence (findings, rules, cases, skills, literature) says \
 they must move together; then list that evidence in `evidence`. A multi-factor change without evidence is \
 refused.
+- `ranking` is what each catalog template won and lost against its control in this workspace, with this \
+round's Thompson draw: weigh it, and say in the hypothesis how you sized each change from the data \
+(`facts`, the diagnosis' findings); a fixed multiplier only where nothing better is known, and say so.
 - Do not repeat anything listed in `tried` (templates or factors already tried from this parent).
 - Follow the person's `feedback`, newest last; it overrides the catalog hints.
 - When `escalated` is true, earlier rounds kept failing: switch to a different harness layer than the last \
@@ -273,8 +276,13 @@ def context_payload(ctx: PlanningContext) -> dict[str, Any]:
         "tried": {"templates": ctx.tried_templates, "factors": ctx.tried_factors},
         "escalated": ctx.escalated,
         "branches": ctx.branches,
-        "facts": {"hopeless_tasks": len(ctx.facts.hopeless_tasks), "seen_tasks": ctx.facts.seen_tasks},
+        "facts": {
+            "hopeless_tasks": len(ctx.facts.hopeless_tasks),
+            "seen_tasks": ctx.facts.seen_tasks,
+            "lengths": str(ctx.facts.lengths) if ctx.facts.lengths else None,
+        },
         "flips": ctx.flips,
+        "ranking": ctx.ranking,
     }
 
 

@@ -55,6 +55,9 @@ class PlanningContext:
     #: The parent's flips against its own parent (`engine.verdict.flips`, a few examples each way),
     #: or None for the base version.
     flips: dict[str, Any] | None = None
+    #: What this workspace's branches showed each template gains against its control, with this
+    #: round's Thompson draw (`engine.coach.bandit`), highest draw first.
+    ranking: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -62,6 +65,8 @@ class Proposals:
     interventions: list[Intervention]
     rationale: str
     backend: str
+    #: The round's Thompson ranking the proposals were made with (`PlanningContext.ranking`).
+    ranking: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -3,9 +3,11 @@
 It reasons only from what the harness and memory say (the rules that fired, the verdicts of past
 versions, matching cases and skills, a person's feedback), never from knowledge of the tasks:
 
-1. validated skills whose trigger matches come first;
-2. then catalog templates that answer the rules that fired, bottleneck first;
-3. then general templates (for "nothing is wrong but nothing improves");
+1. validated skills whose trigger matches, catalog templates that answer the rules that fired,
+   and general templates (for "nothing is wrong but nothing improves") are the candidates;
+2. they are tried in the order of the round's Thompson draws (`engine.coach.bandit`: what each
+   template gained against its control in this workspace, with the diagnosis and skill cards as
+   its prior), feedback first;
 minus what was tried from this parent, what case memory says failed under the same signature,
 and what feedback rules out. Escalation reorders: removing before adding, and layers the last
 failures did not touch before those they did.
@@ -124,6 +126,9 @@ class OfflinePlanner:
         rank = {t.name: i for i, (t, _, _) in enumerate(kept)}
 
         bottleneck = next(iter(rules), None)  # the first rule that fired (pseudo-signals are not rules)
+        # What paid in this workspace, with exploration (`engine.coach.bandit`); without a ranking,
+        # the order above (skills, then the bottleneck's templates, then the general ones).
+        draws = {a["template"]: a["draw"] for a in ctx.ranking}
 
         def key(item: tuple[Template, str, list[str]]) -> tuple[int, ...]:
             t, source, _ = item
@@ -135,7 +140,7 @@ class OfflinePlanner:
                 if ctx.escalated
                 else (0, 0, 0)
             )
-            return (source != "feedback", *escalation, rank[t.name])
+            return (source != "feedback", *escalation, -draws.get(t.name, 0.0), rank[t.name])
 
         return sorted(kept, key=key)
 
