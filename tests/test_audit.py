@@ -75,9 +75,7 @@ def test_which_domains_are_audited() -> None:
     assert own is not None and own(Task("t", "p", "?", ""), "x") is None and own(Task("t", "p", "x", ""), "x")
 
 
-def hack_workspace(
-    root: Path, hack: str, sample_toml: str, sampled_seeds: int = 2, control: bool = True
-) -> Workspace:
+def hack_workspace(root: Path, hack: str, sample_toml: str, sampled_seeds: int = 2, control: bool = True) -> Workspace:
     ws = init_workspace(root)
     (ws.root / "domains").mkdir(exist_ok=True)
     shutil.copy(HACK, ws.root / "domains" / "hack.py")
