@@ -542,8 +542,9 @@ class CoachConfig(_Section):
     branches: int = Field(2, ge=1, le=8, description="Versions proposed per round, each a different factor.")
     control: bool = Field(
         True,
-        description="One branch of each round with room for two continues the parent unchanged (once per parent);"
-        " cases and skill cards credit the other branches with their gain over it.",
+        description="A round with room for two versions also runs a control: the parent trained on unchanged (once"
+        " per parent, beside the round's factor branches); cases and skill cards credit the factors with their gain"
+        " over it.",
     )
     harness: Literal["full", "score-only"] = Field(
         "full", description="'score-only' diagnoses with the score layer alone (an ablation)."

@@ -212,9 +212,10 @@ class Coach:
             subject = f"round{rnd.id}-design{revision}"
             # Resuming at this design's gate: the proposals it shows, not new ones.
             if self.gates.find(rnd.id, "after_design", subject) is None or not rnd.branches:
-                branches = min(self.config.coach.branches, remaining)
-                with_control = self._needs_control(rnd.parent, branches)
-                proposals = self.planner.propose(rnd, diagnosis, branches - with_control)
+                # The control comes on top of the round's factors when there is room for both.
+                with_control = self._needs_control(rnd.parent, remaining)
+                branches = min(self.config.coach.branches, remaining - with_control)
+                proposals = self.planner.propose(rnd, diagnosis, branches)
                 ranking = proposals.ranking
                 if with_control:
                     steps = self.engine.version_config(rnd.parent).recipe.steps
@@ -238,9 +239,10 @@ class Coach:
         self._emit("refused", f"round {rnd.id}: still revised after {MAX_REVISIONS} proposals")
         return False
 
-    def _needs_control(self, parent: str, branches: int) -> bool:
-        """A round with room for two branches runs the control, unless this parent already has one."""
-        return self.config.coach.control and branches >= 2 and self._control(parent) is None
+    def _needs_control(self, parent: str, remaining: int) -> bool:
+        """A round with room for two versions runs the control beside its factors, unless this
+        parent already has one."""
+        return self.config.coach.control and remaining >= 2 and self._control(parent) is None
 
     def _control(self, parent: str) -> str | None:
         """The parent's evaluated control (one a round aborted before it trained does not count)."""
