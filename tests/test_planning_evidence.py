@@ -180,7 +180,9 @@ def test_the_offline_planner_tries_candidates_in_the_order_of_the_draws(tmp_path
     draws = {a.template: a.draw for a in arms}
     candidates = [t.name for t in TEMPLATES.values() if {"insufficient_signal", ""} & set(t.triggers)]
     applicable = [t for t in candidates if TEMPLATES[t].propose(CONFIG, []) is not None]
-    assert chosen == sorted(applicable, key=lambda t: -draws[t])[:2]
+    # The bottleneck's templates first (insufficient_signal's), the general ones after; by draw within.
+    tier = {t: 0 if "insufficient_signal" in TEMPLATES[t].triggers else 2 for t in applicable}
+    assert chosen == sorted(applicable, key=lambda t: (tier[t], -draws[t]))[:2]
     lines = gate_report_lines({"rationale": "-", "proposals": [], "ranking": ctx.ranking})
     top = arms[0]
     assert any(line.strip().startswith(top.template) and f"{top.won}/{top.lost}" in line for line in lines)

@@ -5,9 +5,10 @@ versions, matching cases and skills, a person's feedback), never from knowledge 
 
 1. validated skills whose trigger matches, catalog templates that answer the rules that fired,
    and general templates (for "nothing is wrong but nothing improves") are the candidates;
-2. they are tried in the order of the round's Thompson draws (`engine.coach.bandit`: what each
-   template gained against its control in this workspace, with the diagnosis and skill cards as
-   its prior), feedback first;
+2. they are tried feedback first, then by tier (the bottleneck's templates, then those of the
+   other rules that fired and of skill cards, then the general ones), and within a tier in the
+   order of the round's Thompson draws (`engine.coach.bandit`: what each template gained against
+   its control in this workspace, with the diagnosis and skill cards as its prior);
 minus what was tried from this parent, what case memory says failed under the same signature,
 and what feedback rules out. Escalation reorders: removing before adding, and layers the last
 failures did not touch before those they did.
@@ -126,9 +127,15 @@ class OfflinePlanner:
         rank = {t.name: i for i, (t, _, _) in enumerate(kept)}
 
         bottleneck = next(iter(rules), None)  # the first rule that fired (pseudo-signals are not rules)
-        # What paid in this workspace, with exploration (`engine.coach.bandit`); without a ranking,
-        # the order above (skills, then the bottleneck's templates, then the general ones).
+        # The diagnosis says where to look (the bottleneck's templates, then the other rules' and
+        # the skills', then the general ones); within each tier, what paid in this workspace, with
+        # exploration (`engine.coach.bandit`). Without a ranking, the order above.
         draws = {a["template"]: a["draw"] for a in ctx.ranking}
+
+        def tier(t: Template, source: str) -> int:
+            if bottleneck is not None and bottleneck in t.triggers:
+                return 0
+            return 1 if source.startswith("skill:") or set(fired) & set(t.triggers) else 2
 
         def key(item: tuple[Template, str, list[str]]) -> tuple[int, ...]:
             t, source, _ = item
@@ -140,7 +147,8 @@ class OfflinePlanner:
                 if ctx.escalated
                 else (0, 0, 0)
             )
-            return (source != "feedback", *escalation, -draws.get(t.name, 0.0), rank[t.name])
+            order = (tier(t, source), -draws[t.name]) if t.name in draws else (0, 0.0)
+            return (source != "feedback", *escalation, *order, rank[t.name])
 
         return sorted(kept, key=key)
 
