@@ -140,7 +140,18 @@ def test_without_retries_a_killed_worker_fails_the_run_with_rays_reason(ray_addr
     assert not any(e["type"] == "end" for e in events(run_dir))
 
 
-def test_kill_cancels_the_task_and_stops_the_worker_with_its_children(ray_address: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("grace", [None, 0.0], ids=["interrupted", "force-cancelled"])
+def test_kill_cancels_the_task_and_stops_the_worker_with_its_children(
+    grace: float | None, ray_address: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled, the task kills the worker's process group; a task that does not answer within the
+    grace (on a loaded machine) is force-cancelled, and the group is killed from here."""
+    if grace is not None:  # the task never sees the interrupt: only the force-cancel reaches it
+        import ray
+
+        cancel = ray.cancel
+        monkeypatch.setattr("engine.runs.ray_runner.CANCEL_GRACE_SECONDS", grace)
+        monkeypatch.setattr(ray, "cancel", lambda ref, force=False, **kw: cancel(ref, force=True) if force else None)
     run_dir = make_run(tmp_path, "cancelled", warmup_steps=20)
     # The "python" starts a child of its own first: the worker's process group must go as a whole.
     python = tmp_path / "python-with-child"

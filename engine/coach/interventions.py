@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -300,11 +301,9 @@ def dead_share(success: tuple[tuple[int, int], ...], generations: int) -> float:
     each task's successes with a Jeffreys estimate ((k + 1/2) / (n + 1)) of its success rate."""
     if not success:
         return 0.0
-    total = 0.0
-    for k, n in success:
-        p = (k + 0.5) / (n + 1)
-        total += p**generations + (1 - p) ** generations
-    return total / len(success)
+    k, n = np.array(success, dtype=float).T
+    p = (k + 0.5) / (n + 1)
+    return float(np.mean(p**generations + (1 - p) ** generations))
 
 
 def _more_generations(config: WorkspaceConfig, facts: Facts, size: float | None) -> Sized | dict[str, Any] | None:

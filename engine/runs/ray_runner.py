@@ -30,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -215,6 +216,21 @@ class RayHandle:
         ray.cancel(self.ref, force=False)
         if not ray.wait([self.ref], timeout=CANCEL_GRACE_SECONDS)[0]:
             ray.cancel(self.ref, force=True)
+            self._kill_orphans()
+
+    def _kill_orphans(self) -> None:
+        """A force-cancelled task's worker dies with it (its death signal), but what the worker
+        started lives on in its process group. On this machine the group is killed here (a group id
+        is not reused while a member lives); on another node, Ray's own clean-up is all there is."""
+        launched = re.findall(rf"{re.escape(LOG_PREFIX)} worker pid (\d+) launched on node .*\(([^)]*)\)", self._log())
+        if launched and launched[-1][1] == ray.util.get_node_ip_address():
+            kill_group(int(launched[-1][0]))
+
+    def _log(self) -> str:
+        try:
+            return (Path(self.args[-1]) / LOG_FILE).read_text(errors="replace")
+        except OSError:
+            return ""
 
     def _settle(self) -> None:
         try:
