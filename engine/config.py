@@ -431,6 +431,13 @@ class RecipeConfig(_Section):
     loss_type: Literal["grpo", "dapo", "dr_grpo"] = "dapo"
     epsilon: float = Field(0.2, gt=0, le=1)
     epsilon_high: float | None = Field(0.28, gt=0, le=1)
+    num_iterations: int = Field(
+        1,
+        ge=1,
+        le=8,
+        description="Optimizer passes over each generation batch (TRL's mu). With 1 the policy ratio is 1 and the"
+        " clip (epsilon, epsilon_high) never binds.",
+    )
     beta: float = Field(0.0, ge=0, le=10, description="KL coefficient; 0 disables the reference model.")
     num_generations: int = Field(8, ge=2, description="Samples per prompt: the GRPO group size.")
     prompts_per_step: int = Field(8, ge=1)

@@ -27,7 +27,7 @@ from engine.coach.evolution import (
     revalidate,
 )
 from engine.coach.gates import Answer, GateError, Gates, auto_approve
-from engine.coach.interventions import TEMPLATES, Intervention, InterventionError, apply, check, run_facts
+from engine.coach.interventions import TEMPLATES, Facts, Intervention, InterventionError, apply, check, run_facts
 from engine.coach.loop import Coach, WaitingAtGate, proposed_decision
 from engine.coach.memory import Memory, failure_signature
 from engine.coach.rounds import Branch, Round
@@ -44,6 +44,8 @@ from engine.workspace import Workspace
 from tests.harness_data import Rollout, RunBuilder
 
 CONFIG = parse_config('[workspace]\nname = "t"\n', Path("t.toml"))
+#: a recipe that takes two optimizer passes per generation batch, where the clip binds
+TWO_PASSES = parse_config('[workspace]\nname = "t"\n[recipe]\nnum_iterations = 2\n', Path("t.toml"))
 
 
 def rule(name: str, severity: Severity = "warning", metrics: tuple[str, ...] = ()) -> RuleResult:
@@ -55,7 +57,8 @@ def diagnosis_of(rules: list[RuleResult] | None = None, findings: list[Finding] 
 
 
 def context(rules: list[RuleResult] | None = None, **kw: Any) -> PlanningContext:
-    return PlanningContext(parent="v0", parent_config=CONFIG, domain="math", diagnosis=diagnosis_of(rules), **kw)
+    kw.setdefault("parent_config", CONFIG)
+    return PlanningContext(parent="v0", domain="math", diagnosis=diagnosis_of(rules), **kw)
 
 
 # -- interventions -------------------------------------------------------------------------------
@@ -130,9 +133,19 @@ def test_the_planner_skips_what_was_tried_and_what_case_memory_says_failed() -> 
 def test_feedback_steers_the_planner() -> None:
     preferred, excluded = feedback_preferences(["Avoid the learning rate. Try clip-higher instead"])
     assert {"raise_lr", "lower_lr"} <= excluded and "clip_higher" in preferred
-    ctx = context([], branches=2, feedback=["don't touch the learning rate; try clip-higher"])
+    feedback = ["don't touch the learning rate; try clip-higher"]
+    ctx = context([], branches=2, feedback=feedback, parent_config=TWO_PASSES)
     templates = [iv.template for iv in OfflinePlanner().propose(ctx).interventions]
     assert templates[0] == "clip_higher" and "raise_lr" not in templates
+
+
+def test_clip_higher_is_offered_only_where_the_clip_binds() -> None:
+    # One optimizer pass per generation batch: the policy ratio is 1 and a clip change trains the
+    # same model as the control, so the template offers nothing, even when asked for.
+    ctx = context([rule("exploration_collapse")], branches=3, feedback=["try clip-higher"])
+    assert "clip_higher" not in [iv.template for iv in OfflinePlanner().propose(ctx).interventions]
+    assert TEMPLATES["clip_higher"].make(CONFIG, Facts(), None) is None
+    assert TEMPLATES["clip_higher"].make(TWO_PASSES, Facts(), None) == {"recipe.epsilon_high": 0.35}
 
 
 def test_escalation_prefers_removing_a_component() -> None:
@@ -155,7 +168,7 @@ def test_escalation_answers_the_bottleneck_before_switching_layers() -> None:
 
 def test_the_planner_cites_literature_that_mentions_its_change() -> None:
     hits = [{"doc": "literature/dapo.md", "title": "DAPO / clip-higher", "excerpt": "clip-higher raises epsilon_high"}]
-    ctx = context([rule("exploration_collapse")], branches=1, literature=hits)
+    ctx = context([rule("exploration_collapse")], branches=1, literature=hits, parent_config=TWO_PASSES)
     (iv,) = OfflinePlanner().propose(ctx).interventions
     assert iv.template == "clip_higher" and "literature:literature/dapo.md" in iv.evidence
 

@@ -528,10 +528,11 @@ CATALOG: list[Template] = [
         False,
         lambda c, _, s: (
             {"recipe.epsilon_high": round(min(0.9, (c.recipe.epsilon_high or c.recipe.epsilon) + 0.07 * _step(s)), 3)}
-            if (c.recipe.epsilon_high or 0) < 0.4
+            if (c.recipe.epsilon_high or 0) < 0.4 and c.recipe.num_iterations > 1
             else None
         ),
-        "a higher upper clip lets rare good tokens grow and keeps entropy from collapsing (DAPO clip-higher)",
+        "a higher upper clip lets rare good tokens grow and keeps entropy from collapsing (DAPO clip-higher); offered"
+        " only with num_iterations > 1: with one pass per generation batch the policy ratio is 1 and no clip binds",
         magnitude=True,
     ),
     Template(

@@ -143,6 +143,7 @@ def grpo_args(
         loss_type=recipe.loss_type,
         epsilon=recipe.epsilon,
         epsilon_high=recipe.epsilon_high,
+        num_iterations=recipe.num_iterations,
         beta=recipe.beta,
         temperature=recipe.temperature,
         top_k=0,
