@@ -228,3 +228,30 @@ def test_a_round_runs_a_control_and_credits_the_factor_with_its_gain_over_it(
         text = " ".join(cards[0].read_text().split())
         assert "control: v1" in text and "against the control v1" in text
     assert np.isfinite(v2[5])
+
+
+def test_a_failed_comparison_with_the_control_writes_no_card_and_the_loop_goes_on(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison with the control only feeds memory: when it raises, the factor's decision
+    against its parent stands, no card credits the factor, and the next round still runs."""
+    quality = {"v0": 0.3, "v1": 0.5, "v2": 0.75}
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner(lambda v: quality.get(v, 0.3), honest))
+
+    compare = Engine.compare
+
+    def broken(self: Engine, parent: str, child: str) -> Any:
+        if parent == "v1":  # the control: its comparisons with the round's other branches fail
+            raise RuntimeError("the control's evaluation is unreadable")
+        return compare(self, parent, child)
+
+    monkeypatch.setattr(Engine, "compare", broken)
+    ws = hack_workspace(tmp_path / "ws", "tolerance", sample_toml)
+    result = CliRunner().invoke(app, ["run", str(ws.root), "--auto-approve", "--versions", "3"])
+    assert result.exit_code == 0, result.output
+    assert "could not be compared with the control v1" in result.output
+    with Engine.open(ws.root) as engine:
+        rows = engine.store.query("SELECT id, decision, control, vs_control FROM cases ORDER BY id")
+    assert rows[:2] == [("v1", "promoted", None, None), ("v2", "promoted", None, None)]
+    assert len(rows) == 3  # a third version was trained after the failure
+    assert not (ws.root / "skills").is_dir() or not list((ws.root / "skills").glob("*.md"))

@@ -435,7 +435,13 @@ class Coach:
         control_name = self._control(parent)
         if iv.is_control or control_name is None:
             return None
-        return self.engine.compare(control_name, name)
+        try:
+            return self.engine.compare(control_name, name)
+        except Exception as exc:  # noqa: BLE001 - memory only: the decision against the parent stands
+            # Fails closed for memory: no comparison, so no card credits the factor; the loop goes on.
+            why = f"{type(exc).__name__}: {exc}"
+            self._emit("error", f"{name} could not be compared with the control {control_name}: {why}", version=name)
+            return None
 
     def _card(
         self,
@@ -453,7 +459,7 @@ class Coach:
         if iv.is_control:
             return
         if self.config.coach.control and (against is None or against.label != "improved"):
-            why = "no trained control" if against is None else f"against the control {against.summary()}"
+            why = "no comparison with a trained control" if against is None else f"against the control {against.summary()}"
             self._emit("skill", f"no skill card from {name}: its factor did not beat the control ({why})", version=name)
             return
         rules = diagnosis.rule_names if diagnosis else []
