@@ -236,7 +236,8 @@ def test_a_failed_comparison_with_the_control_writes_no_card_and_the_loop_goes_o
     """The comparison with the control only feeds memory: when it raises, the factor's decision
     against its parent stands, no card credits the factor, and the next round still runs."""
     quality = {"v0": 0.3, "v1": 0.5, "v2": 0.75}
-    monkeypatch.setattr("engine.core.make_runner", lambda compute: ScriptedRunner(lambda v: quality.get(v, 0.3), honest))
+    runner = ScriptedRunner(lambda v: quality.get(v, 0.3), honest)
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
 
     compare = Engine.compare
 

@@ -459,7 +459,7 @@ class Coach:
         if iv.is_control:
             return
         if self.config.coach.control and (against is None or against.label != "improved"):
-            why = "no comparison with a trained control" if against is None else f"against the control {against.summary()}"
+            why = f"against the control {against.summary()}" if against else "no comparison with a trained control"
             self._emit("skill", f"no skill card from {name}: its factor did not beat the control ({why})", version=name)
             return
         rules = diagnosis.rule_names if diagnosis else []
