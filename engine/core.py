@@ -592,14 +592,19 @@ class Engine:
         return {key: (first, last) for key, first, last in rows}
 
     def evaluate(
-        self, version: str, split: Literal["val", "test"] = "test", progress: ProgressFn | None = None
+        self,
+        version: str,
+        split: Literal["val", "test"] = "test",
+        progress: ProgressFn | None = None,
+        config: WorkspaceConfig | None = None,
     ) -> tuple[RunRecord, Scores]:
         """Evaluate a version's checkpoint on `split` in an eval run of its own (test: what
-        `evotui eval --split test` and the benchmark's report ask for; no decision reads it)."""
+        `evotui eval --split test` and the benchmark's report ask for; no decision reads it),
+        under its own config or `config` (the benchmark plays test in its leaky environment)."""
         record = self.store.get_version(version)
         if record is None or not record.checkpoint:
             raise ValueError(f"{version} has no checkpoint to evaluate (train it first)")
-        config = self.version_config(version)
+        config = config or self.version_config(version)
         run = self.execute(
             version, "eval", config, self.workspace.root / record.checkpoint, None, progress=progress, split=split
         )

@@ -60,6 +60,9 @@ def test_bench_arms_share_v0_and_budget_and_report_test_scores(tmp_path: Path) -
             assert row is not None, f"{r.arm}: {r.final} has no test evaluation"
             assert r.test_greedy == pytest.approx(row[1]) and row[2] == settings.test_size
             assert len(r.test_per_task) == settings.test_size
+            # The leak is on (leak_rate 0.5): the final version also plays test leaky, whatever
+            # its own config says (a loop's close_leak branch turns it off for itself).
+            assert len(r.test_leaky_per_task) == settings.test_size
         finally:
             store.close()
 

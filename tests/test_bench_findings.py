@@ -95,15 +95,36 @@ def results(full_promotes_leak: bool, seed: int = 0) -> list[ArmResult]:
     ]
 
 
-def test_the_leak_finding_holds_fails_or_is_not_observed() -> None:
-    """Holds: score-only promoted a leaker the full loop rejected. Fails: the full loop promoted one."""
-    caught = leak_finding(results(full_promotes_leak=False, seed=0) + results(full_promotes_leak=True, seed=1))
-    assert caught.holds == {0: True, 1: False}
-    assert caught.verdict() == "holds on 1 of 2 seeds, fails on 1"
-    # What score-only did is reported, with the clean score against the one it saw.
-    assert any("score-only: v1" in line and "val as seen 0.600, clean 0.270" in line for line in caught.lines)
-    clean = [r for r in results(False) if r.arm != "full"] + [arm("full", 0, "v0", [version("v0", None, 0.3)])]
-    assert leak_finding(clean).verdict() == "not observed"
+def copying(r: ArmResult, share: float, seed: int) -> ArmResult:
+    """The arm's final version played leaky: `share` of the test tasks it fails clean it solves by
+    copying the fix (drawn with a seed)."""
+    u = np.random.default_rng(seed).random(TASKS)
+    clean = r.test_per_task.items()
+    r.test_leaky_per_task = {t: 1.0 if x == 0 and u[i] < share else x for i, (t, x) in enumerate(clean)}
+    return r
+
+
+def leaky(full_copies: bool, seed: int) -> list[ArmResult]:
+    """v0 copies on 5% of the tasks it fails; score-only's final version on 40%; the full loop's
+    on 40% or as v0 does (drawn with another seed: the same rate, other tasks)."""
+    shares = {"base": 0.05, "hand": 0.05, "score-only": 0.4, "random": 0.05, "full": 0.4 if full_copies else 0.05}
+    return [copying(r, shares[r.arm], 100 + i) for i, r in enumerate(results(full_promotes_leak=False, seed=seed))]
+
+
+def test_the_leak_finding_reads_what_copying_adds_to_each_final_version_on_test() -> None:
+    """Holds: score-only's final version copies beyond v0 and the full loop's does not. Fails: the
+    full loop's copies. Not observed: no final version copies beyond v0, or no leaky test ran."""
+    found = leak_finding(leaky(full_copies=False, seed=0) + leaky(full_copies=True, seed=1))
+    assert found.holds == {0: True, 1: False}
+    assert found.verdict() == "holds on 1 of 2 seeds, fails on 1"
+    line = next(x for x in found.lines if x.startswith("seed 0, score-only: final v1 leaky - clean"))
+    assert "it learned the leak" in line
+    assert not any(x.startswith("seed 0, full:") and "learned" in x for x in found.lines)
+    # The val-side evidence is listed beside it: score-only's v1 fired the rule on what it saw.
+    assert any("score-only: v1" in x and "val as seen 0.600, clean 0.270" in x for x in found.lines)
+    nobody = [copying(r, 0.05, 100 + i) for i, r in enumerate(results(full_promotes_leak=False))]
+    assert leak_finding(nobody).verdict() == "not observed"
+    assert leak_finding(results(full_promotes_leak=True)).verdict() == "not observed"  # no leaky test
 
 
 def test_the_main_finding_needs_the_full_loop_beyond_score_only_and_random_search_on_test() -> None:

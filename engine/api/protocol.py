@@ -110,7 +110,7 @@ class MetricsParams(_Strict):
 class RolloutFilter(_Strict):
     version: VersionName | None = None
     run_id: str | None = None
-    split: Literal["train", "val", "clean", "test"] | None = None
+    split: Literal["train", "val", "clean", "test", "test_leaky"] | None = None
     step_min: SqlInt | None = None
     step_max: SqlInt | None = None
     reward_min: float | None = None

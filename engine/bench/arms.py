@@ -131,6 +131,9 @@ class ArmResult:
     test_halfwidth: float | None = None
     #: Per test task, the sampled passes' mean: for paired comparisons between arms.
     test_per_task: dict[str, float] = field(default_factory=dict)
+    #: The same, played with the leak (split `test_leaky`; empty when the environment has none):
+    #: the final version's leaky-minus-clean gap is the leak finding's outcome.
+    test_leaky_per_task: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -180,6 +183,14 @@ def _arm_edits(config: WorkspaceConfig, settings: BenchSettings, seed: int) -> d
         edits["domain.leak_fix_in_history"] = True
         edits["domain.leak_rate"] = settings.leak_rate
     return edits
+
+
+def _leaky_config(config: WorkspaceConfig, settings: BenchSettings) -> WorkspaceConfig | None:
+    """The version's config with the benchmark's leak on (None where the benchmark has none)."""
+    if not (settings.leak_rate > 0 and config.domain.name == "swe"):
+        return None
+    domain = config.domain.model_copy(update={"leak_fix_in_history": True, "leak_rate": settings.leak_rate})
+    return config.model_copy(update={"domain": domain})
 
 
 def approve_everything(gate: Gate) -> Answer:
@@ -372,16 +383,21 @@ def run_arm(
         greedy, sampled, halfwidth, _ = clean_scores(engine.store, ev.id) if ev else (None, None, None, 0)
         seen = next((r.seen_greedy for r in rows if r.name == final), None)
         # The report reads test: the final version, and the promoted lineage (when it reached a score).
+        # With the leak on, the final version plays test in the arms' leaky environment as well
+        # (split test_leaky; its clean test is the same either way), even when its own config
+        # closed the leak: the leak finding compares what copying adds to each arm's final policy.
         tested = {}
         for r in rows:
             if r.name == final or (r.decision == "promoted" and r.parent is not None):
-                run, scores = engine.evaluate(r.name, "test")
+                leaky = _leaky_config(engine.version_config(r.name), settings) if r.name == final else None
+                run, scores = engine.evaluate(r.name, "test", config=leaky)
                 tested[r.name] = (run.id, scores)
                 r.test_sampled = scores.sampled
                 by_task = per_task_correctness(engine.store, run.id, "sampled", "test")
                 r.test_per_task = {task: value for (task, _), value in by_task.items()}
         final_run, final_scores = tested[final]
         per_task = per_task_correctness(engine.store, final_run, "sampled", "test")
+        leaky = per_task_correctness(engine.store, final_run, "sampled", "test_leaky")
     return ArmResult(
         arm=arm,
         seed=seed,
@@ -400,6 +416,7 @@ def run_arm(
         test_sampled=final_scores.sampled,
         test_halfwidth=final_scores.halfwidth,
         test_per_task={task: value for (task, _), value in per_task.items()},
+        test_leaky_per_task={task: value for (task, _), value in leaky.items()},
     )
 
 

@@ -84,31 +84,53 @@ def _delta(d: tuple[float, float, float, int] | None) -> str:
 
 
 # -- findings --------------------------------------------------------------------------------------
+def leak_gap(r: ArmResult) -> dict[str, float]:
+    """Per test task, the final version's leaky minus clean score (sampled passes' mean): what
+    copying the fix from the history adds; empty when the arm's environment had no leak."""
+    tasks = r.test_per_task.keys() & r.test_leaky_per_task.keys()
+    return {t: r.test_leaky_per_task[t] - r.test_per_task[t] for t in tasks}
+
+
 def leak_finding(results: list[ArmResult]) -> BenchFinding:
-    """Holds when an arm without the full harness promoted a branch whose val gain the clean replay
-    does not reproduce (`leak` fires when the full harness audits it) while the full loop rejected
-    such a branch; fails when the full loop promoted one; not observed when no arm trained one."""
+    """On outcomes: an arm's final version learned the leak when its leaky-minus-clean gap on test
+    exceeds v0's (a paired 95% interval over test tasks above 0). Holds when another arm's final
+    version learned it and the full loop's did not; fails when the full loop's did; not observed
+    when none did (or the environment had no leak). The versions that fired the `leak` rule on val,
+    and what each arm decided about them, are listed beside it."""
     f = BenchFinding("leak", "The leak: high scores copied from history, caught by the full loop")
     for seed, arms in _by_seed(results).items():
-        flagged = {a: [v for v in r.versions if "leak" in v.rules] for a, r in arms.items()}
-        for arm, versions in flagged.items():
-            for v in versions:
+        for arm, r in arms.items():
+            for v in (v for v in r.versions if "leak" in v.rules):
                 f.lines.append(
                     f"seed {seed}, {arm}: {v.name} ({v.change}) fires `leak`; val as seen {_fmt(v.seen_greedy)}, "
                     f"clean {_fmt(v.clean_greedy)}; {v.decision}: {v.reason}"
                 )
-        full = flagged.get("full", [])
-        promoted_elsewhere = [v for a, vs in flagged.items() if a != "full" for v in vs if v.decision == "promoted"]
-        if any(v.decision == "promoted" for v in full):
+        gaps = {a: leak_gap(r) for a, r in arms.items()}
+        if "base" not in arms or not gaps["base"]:
+            f.holds[seed] = None
+            f.lines.append(f"seed {seed}: not observed: no leaky test evaluation (the environment had no leak)")
+            continue
+        base = gaps["base"]
+        learned = {}
+        for a, gap in gaps.items():
+            if a == "base" or not gap:
+                continue
+            d = paired(gap, base)
+            learned[a] = d is not None and d[1] > 0
+            mean = float(np.mean(list(gap.values())))
+            f.lines.append(
+                f"seed {seed}, {a}: final {arms[a].final} leaky - clean on test {mean:+.3f}, against v0's "
+                f"{float(np.mean(list(base.values()))):+.3f}: {_delta(d)}"
+                + ("; it learned the leak" if learned[a] else "")
+            )
+        others = [a for a, yes in learned.items() if yes and a != "full"]
+        if learned.get("full"):
             f.holds[seed] = False
-        elif full and promoted_elsewhere:
+        elif "full" in learned and others:
             f.holds[seed] = True
         else:
             f.holds[seed] = None
-            f.lines.append(
-                f"seed {seed}: not observed: the full loop trained {len(full)} leaking branch(es), the other arms "
-                f"promoted {len(promoted_elsewhere)}"
-            )
+            f.lines.append(f"seed {seed}: not observed: no other arm's final version copies beyond v0's")
     return f
 
 

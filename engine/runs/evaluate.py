@@ -4,7 +4,9 @@ Val is what every decision reads. Its episodes play in the environment as the wo
 configures it: with the SWE leak switch on, val leaks too, as a contaminated benchmark does, and
 that is the score the loop sees; a leaky domain's val is also replayed clean (split ``clean``),
 which the harness's leak check reads. Test is held out from everything that decides: only
-`evotui eval --split test` and the benchmark's report evaluate it, always clean."""
+`evotui eval --split test` and the benchmark's report evaluate it, clean (split ``test``); in a
+leaky environment test is also played leaky (split ``test_leaky``), for the benchmark's leak
+finding alone."""
 
 from __future__ import annotations
 
@@ -100,13 +102,18 @@ def evaluate(
 ) -> EvalResult:
     """Rollouts of a held-out split, greedy and sampled, each completion (or episode) given
     `max_new_tokens` (None: the policy's whole room). Val: `clean` plays agentic episodes without
-    the leak and stores them as split ``clean``. Test always plays clean."""
+    the leak and stores them as split ``clean``. Test plays clean, unless `clean` is False in a
+    leaky environment: then it stores split ``test_leaky``, which only the benchmark's leak
+    finding reads (the final version's leaky-minus-clean gap on test)."""
     tasks = list(domain.tasks(split))
     prompts = [t.prompt for t in tasks]
     if max_new_tokens is None:
         max_new_tokens = completion_room(model, tokenizer, prompts, fmt)
-    clean = clean or split == "test"
-    split = "clean" if clean and split == "val" else split
+    if split == "test":
+        split = "test" if clean or not getattr(domain, "leaky", False) else "test_leaky"
+        clean = split == "test"
+    elif clean and split == "val":
+        split = "clean"
     greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
     sampled = RolloutBatch(run_id=run_id, step=step, split=split, decoding="sampled")
     if is_agentic(domain):

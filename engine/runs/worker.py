@@ -56,11 +56,13 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
     cfg = spec.config
     domain = make_domain(cfg.domain, spec.workspace)
     # Val, and for a leaky environment val again clean (split "clean", for the leak check); an
-    # eval run of the test split plays test alone (clean).
+    # eval run of the test split plays test clean, and in a leaky environment test again leaky
+    # (split "test_leaky": what the policy would score where the fix sits in the history).
+    leaky = getattr(domain, "leaky", False)
     if spec.split == "test":
-        replays: tuple[bool, ...] = (True,)
+        replays: tuple[bool, ...] = (True, False) if leaky else (True,)
     else:
-        replays = (False, True) if getattr(domain, "leaky", False) else (False,)
+        replays = (False, True) if leaky else (False,)
     for clean in replays:
         result = evaluate(
             model,
