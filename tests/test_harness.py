@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine.harness.analyzers.shift import share_shift
+from engine.harness.cutoffs import FLOOR_ALPHA, share_floor
 from engine.harness.diagnose import Diagnosis
 from engine.store import Store
 from tests.harness_data import Rollout, RunBuilder, call, fired, severity, value
@@ -561,3 +563,30 @@ def test_reward_flow_between_two_steps_is_a_per_task_transition_matrix(store: St
         f"{'solved' if x else 'unsolved'}->{'solved' if y else 'unsolved'}": pairs.count((x, y)) for x, y in set(pairs)
     }
     assert flow["matrix"] == expected and flow["regressed_tasks"] == ["t1"]
+
+
+def test_a_share_floor_is_never_below_its_sampling_noise() -> None:
+    """Two passes a side of the same policy, a share near 1 read over 200 answers a pass: the
+    passes often agree exactly, a pass-to-pass range of 0 makes the range-only floor 0, and noise
+    counts as a shift far more often than the stated rate. With the answers counted, the floor
+    keeps to that rate, and a real move (0.995 -> 0.9, four passes) counts as often as before."""
+    rng = np.random.default_rng(0)
+    n, draws = 200, 4000
+
+    def passes(p: float, k: int) -> np.ndarray:
+        return rng.binomial(n, p, (draws, k)) / n
+
+    def alarms(child: np.ndarray, parent: np.ndarray, counted: bool) -> float:
+        rows = (n * child.shape[1], n * parent.shape[1]) if counted else None
+        shifts = [share_shift("s", list(c), list(p), rows) for c, p in zip(child, parent, strict=True)]
+        return float(np.mean([s is not None and s.counts for s in shifts]))
+
+    same, parent = passes(0.995, 2), passes(0.995, 2)
+    assert alarms(same, parent, counted=False) > 4 * FLOOR_ALPHA
+    assert alarms(same, parent, counted=True) <= FLOOR_ALPHA
+    moved, parent = passes(0.9, 4), passes(0.995, 4)
+    power = alarms(moved, parent, counted=True)
+    assert power > 0.9 and power == pytest.approx(alarms(moved, parent, counted=False), abs=0.01)
+    # The least floor is the binomial one, whatever the ranges say.
+    shift = share_shift("s", [1.0, 1.0], [0.99, 0.99], (400, 400))
+    assert shift is not None and shift.floor == pytest.approx(share_floor(0.995, 400, 400)) and not shift.counts

@@ -99,6 +99,12 @@ VAL_PASS_ROWS = f"""
 """
 
 
+#: The answers a probe's share was read over, per pass (its sampling noise sets the least floor).
+_COUNT = AnalyzerSpec(
+    name="answers", layer="version", kind="share", sql="SELECT count(*) FROM completions", explanation="answers read"
+)
+
+
 def find_anomaly(
     verdict: str, child: Diagnosis | None, parent: Diagnosis | None, tolerance: float = 0.25
 ) -> dict[str, Any] | None:
@@ -242,7 +248,8 @@ def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> 
     """Measure `spec` on every sampled val pass of the child's and the parent's evaluations (the
     accepted answers on the tasks both solved: `VAL_PASS_ROWS`)."""
     try:
-        values = {}
+        values: dict[str, list[float]] = {}
+        rows: dict[str, int] = {}
         for run_id, other in ((child_run, parent_run), (parent_run, child_run)):
             passes = store.query(
                 "SELECT DISTINCT sample_idx FROM rollouts WHERE run_id = ? AND split = 'val' AND decoding = 'sampled'"
@@ -251,8 +258,12 @@ def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> 
             )
             measured = [spec_value(store, spec, run_id, k, other) for (k,) in passes]
             values[run_id] = [v for v in measured if v is not None]
-        measure = ratio_shift if spec.kind == "mean" else share_shift
-        return Probe(spec, measure(spec.name, values[child_run], values[parent_run]))
+            counted = [spec_value(store, _COUNT, run_id, k, other) for (k,) in passes]
+            rows[run_id] = int(sum(n or 0 for n in counted))
+        if spec.kind == "mean":
+            return Probe(spec, ratio_shift(spec.name, values[child_run], values[parent_run]))
+        shift = share_shift(spec.name, values[child_run], values[parent_run], (rows[child_run], rows[parent_run]))
+        return Probe(spec, shift)
     except Exception as exc:  # noqa: BLE001 - a bad proposal is refused, never a crash
         return Probe(spec, None, f"{type(exc).__name__}: {exc}")
 

@@ -9,7 +9,9 @@ principle of each is written beside it; `evotui report` and the docs quote them 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -50,6 +52,21 @@ def floor_multiplier(parent_passes: int, child_passes: int) -> float:
     spread = np.maximum(np.ptp(parent, axis=1), np.ptp(child, axis=1))
     ratio = np.abs(child.mean(axis=1) - parent.mean(axis=1)) / spread
     return float(np.quantile(ratio, 1 - FLOOR_ALPHA))
+
+
+def share_floor(share: float, child_rows: int, parent_rows: int) -> float:
+    """The least floor of a share's shift: its sampling noise alone. Two policies with the same
+    share, read over `child_rows` and `parent_rows` answers (all passes), differ by more than this
+    with probability FLOOR_ALPHA (binomial, normal approximation), the share estimated from both
+    as Jeffreys does, so never 0 or 1. Principle: the same false-alarm rate as
+    `floor_multiplier`; a pass-to-pass range of 0 (passes that happen to agree, a share near 0 or
+    1) is no evidence that the noise is 0, so a range alone never makes every move real."""
+    if min(child_rows, parent_rows) < 1:
+        return math.inf
+    n = child_rows + parent_rows
+    p = (share * n + 0.5) / (n + 1)
+    z = NormalDist().inv_cdf(1 - FLOOR_ALPHA / 2)
+    return z * math.sqrt(p * (1 - p) * (1 / child_rows + 1 / parent_rows))
 
 
 @dataclass(frozen=True)

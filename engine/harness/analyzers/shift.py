@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.harness.base import Context, Finding, analyzer
-from engine.harness.cutoffs import MIN_CORRECT, floor_multiplier
+from engine.harness.cutoffs import MIN_CORRECT, floor_multiplier, share_floor
 
 #: The features compared as a ratio of means (the others are shares or distances).
 RATIO_FEATURES = frozenset({"length", "length_p90", "correct_length", "answer_spans"})
@@ -130,19 +130,27 @@ def ratio_shift(feature: str, child: Sequence[float], parent: Sequence[float], s
     return Shift(feature, "ratio", c / p, _floor(*logs), p - smooth, c - smooth)
 
 
-def share_shift(feature: str, child: Sequence[float], parent: Sequence[float]) -> Shift | None:
+def share_shift(
+    feature: str, child: Sequence[float], parent: Sequence[float], rows: tuple[int, int] | None = None
+) -> Shift | None:
     """Shares per sampled pass -> the change of their mean, with the larger pass-to-pass range of
-    the two (times `floor_multiplier`) as its floor."""
+    the two (times `floor_multiplier`) as its floor; with `rows` (the answers each side's shares
+    were read over, all passes) never below the share's own sampling noise (`share_floor`)."""
     if not child or not parent:
         return None
     c, p = sum(child) / len(child), sum(parent) / len(parent)
-    return Shift(feature, "share", c - p, _floor(parent, child), p, c)
+    floor = _floor(parent, child)
+    if floor is not None and rows is not None:
+        pooled = (c * rows[0] + p * rows[1]) / max(1, rows[0] + rows[1])
+        floor = max(floor, share_floor(pooled, *rows))
+    return Shift(feature, "share", c - p, floor, p, c)
 
 
 def _floor(parent: Sequence[float], child: Sequence[float]) -> float | None:
     """`floor_multiplier` times the larger of the two versions' pass-to-pass ranges; None (no
     cut-off, nothing counts) with fewer than two passes a side: no estimate of the noise. Ranges
-    of 0 on both sides (a form every pass writes alike) give a floor of 0: any move is real."""
+    of 0 on both sides (a form every pass writes alike: one number per answer) give a floor of 0
+    for a mean; a share also has its sampling noise (`share_shift`'s rows)."""
     if min(len(parent), len(child)) < 2:
         return None
     spread = max(max(side) - min(side) for side in (parent, child))
@@ -172,7 +180,7 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
                avg(length(text)) FILTER (WHERE solved),
                avg(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE solved),
                count(DISTINCT text) / count(*), avg((format = 1)::INT) FILTER (WHERE format IS NOT NULL),
-               count(*) FILTER (WHERE solved)
+               count(*) FILTER (WHERE solved), count(*), count(format)
         FROM {texts} GROUP BY ALL ORDER BY mine, pass
         """,
         {"version": ctx.version.name},
@@ -184,6 +192,9 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
 
     def column(rows: list[tuple[float | None, ...]], i: int) -> list[float]:
         return [float(r[i]) for r in rows if r[i] is not None]
+
+    def rows(i: int) -> tuple[int, int]:
+        return int(sum(r[i] for r in child)), int(sum(r[i] for r in theirs))
 
     enough = sum(r[6] for r in child) >= MIN_CORRECT and sum(r[6] for r in theirs) >= MIN_CORRECT
     # What the parent's right answers looked like: the reference of the every-answer features.
@@ -199,8 +210,8 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
     candidates: list[Shift | None] = [
         _toward(ratio_shift("length", column(child, 0), column(theirs, 0)), refs[0]),
         _toward(ratio_shift("length_p90", column(child, 1), column(theirs, 1)), refs[1]),
-        _toward(share_shift("distinct", column(child, 4), column(theirs, 4)), refs[2]),
-        _toward(share_shift("format", column(child, 5), column(theirs, 5)), refs[3]),
+        _toward(share_shift("distinct", column(child, 4), column(theirs, 4), rows(7)), refs[2]),
+        _toward(share_shift("format", column(child, 5), column(theirs, 5), rows(8)), refs[3]),
     ]
     if enough:
         candidates += [
