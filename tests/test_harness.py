@@ -565,6 +565,29 @@ def test_reward_flow_between_two_steps_is_a_per_task_transition_matrix(store: St
     assert flow["matrix"] == expected and flow["regressed_tasks"] == ["t1"]
 
 
+def test_one_new_shape_among_formulaic_answers_is_not_a_form_shift(store: Store) -> None:
+    """Formulaic answers: every pass of the parent uses the same two shape trigrams, so its
+    pass-to-pass spread of novelty is 0. The child writes one answer in a new shape among
+    hundreds: sampling noise, below the share's binomial floor, so nothing counts (with a floor
+    of 0 it did, and a real gain beside it was rejected as a critical form shift)."""
+    tasks = sums(7, n=200)
+    rng = np.random.default_rng(8)
+
+    def sample(odd: bool) -> list[tuple[str, float]]:
+        right = rng.random(len(tasks)) < 0.5
+        rows = [(f"x={good};" if r else bad, float(r)) for (good, bad), r in zip(tasks, right, strict=True)]
+        if odd:
+            i = int(np.flatnonzero(right)[0])
+            rows[i] = (f"x={tasks[i][0]}!", 1.0)
+        return rows
+
+    passes = {"v0": [sample(False) for _ in range(4)], "v1": [sample(k == 0) for k in range(4)]}
+    d = evaluations(store, passes, {"v0": 0.5, "v1": 0.6})
+    novelty = next(f for f in d.findings if f.metric == "version.shift.novelty")
+    assert 0 < novelty.value < novelty.threshold  # type: ignore[operator]
+    assert novelty.severity == "info" and "form_shift" not in fired(d)
+
+
 def test_a_share_floor_is_never_below_its_sampling_noise() -> None:
     """Two passes a side of the same policy, a share near 1 read over 200 answers a pass: the
     passes often agree exactly, a pass-to-pass range of 0 makes the range-only floor 0, and noise

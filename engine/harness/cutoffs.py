@@ -54,19 +54,20 @@ def floor_multiplier(parent_passes: int, child_passes: int) -> float:
     return float(np.quantile(ratio, 1 - FLOOR_ALPHA))
 
 
-def share_floor(share: float, child_rows: int, parent_rows: int) -> float:
+def share_floor(share: float, *rows: int) -> float:
     """The least floor of a share's shift: its sampling noise alone. Two policies with the same
-    share, read over `child_rows` and `parent_rows` answers (all passes), differ by more than this
-    with probability FLOOR_ALPHA (binomial, normal approximation), the share estimated from both
-    as Jeffreys does, so never 0 or 1. Principle: the same false-alarm rate as
-    `floor_multiplier`; a pass-to-pass range of 0 (passes that happen to agree, a share near 0 or
-    1) is no evidence that the noise is 0, so a range alone never makes every move real."""
-    if min(child_rows, parent_rows) < 1:
+    share, read over `rows` answers each (all passes; one side alone for a share measured against
+    a fixed reference), differ by more than this with probability FLOOR_ALPHA (binomial, normal
+    approximation), the share estimated as Jeffreys does, so never 0 or 1. Principle: the same
+    false-alarm rate as `floor_multiplier`; a pass-to-pass range of 0 (passes that happen to
+    agree, a share near 0 or 1) is no evidence that the noise is 0, so a range alone never makes
+    every move real."""
+    if not rows or min(rows) < 1:
         return math.inf
-    n = child_rows + parent_rows
+    n = sum(rows)
     p = (share * n + 0.5) / (n + 1)
     z = NormalDist().inv_cdf(1 - FLOOR_ALPHA / 2)
-    return z * math.sqrt(p * (1 - p) * (1 / child_rows + 1 / parent_rows))
+    return z * math.sqrt(p * (1 - p) * sum(1 / r for r in rows))
 
 
 @dataclass(frozen=True)

@@ -102,10 +102,10 @@ class Shift:
             if threshold is not None:
                 floor = f"floor {threshold:.2f}x"
         else:
-            what = f"{self.feature} {self.parent:.2f} -> {self.child:.2f} ({self.value:+.2f}"
+            what = f"{self.feature} {_num(self.parent)} -> {_num(self.child)} ({_num(self.value, '+')}"
             threshold = self.floor
             if threshold is not None:
-                floor = f"floor {threshold:.2f}"
+                floor = f"floor {_num(threshold)}"
         toward = ""
         if self.explained:
             toward = f"; toward the parent's correct answers ({self.reference:.2f}): explained"
@@ -116,6 +116,11 @@ class Shift:
             f"{what}; {floor}) vs {parent_name}{toward}",
             threshold=threshold,
         )
+
+
+def _num(x: float, sign: str = "") -> str:
+    """Two decimals, or two significant digits for a small share (0.0013, not 0.00)."""
+    return f"{x:{sign}.2f}" if x == 0 or abs(x) >= 0.01 else f"{x:{sign}.2g}"
 
 
 def ratio_shift(feature: str, child: Sequence[float], parent: Sequence[float], smooth: float = 0.0) -> Shift | None:
@@ -157,12 +162,17 @@ def _floor(parent: Sequence[float], child: Sequence[float]) -> float | None:
     return floor_multiplier(len(parent), len(child)) * spread
 
 
-def distance_shift(feature: str, value: float, parent: float, child: float, spread: float | None, passes: int) -> Shift:
+def distance_shift(
+    feature: str, value: float, parent: float, child: float, spread: float | None, passes: int, rows: int | None = None
+) -> Shift:
     """A distance between the child and the parent (0 = the same), with the distance between the
     parent's first pass and its others (times `floor_multiplier` of its passes) as its floor. The
     multiple is the one derived for means, and errs high here: the child-vs-parent distance pools
-    every pass of each, the spread compares one pass with the rest, so it is the noisier one."""
+    every pass of each, the spread compares one pass with the rest, so it is the noisier one. A
+    distance that is a share of `rows` items never has a floor below that share's binomial noise."""
     floor = None if spread is None or passes < 2 else floor_multiplier(passes, passes) * spread
+    if floor is not None and rows is not None:
+        floor = max(floor, share_floor(value, rows))
     return Shift(feature, "share", value, floor, parent, child)
 
 
@@ -280,7 +290,8 @@ def _novelty(ctx: Context, texts: str) -> Shift | None:
         first_pass AS (SELECT DISTINCT g FROM grams WHERE NOT mine AND first)
         SELECT (SELECT avg((g NOT IN (SELECT g FROM theirs))::INT) FROM grams WHERE mine),
                (SELECT avg((g NOT IN (SELECT g FROM first_pass))::INT) FROM grams WHERE NOT mine AND NOT first),
-               (SELECT count(DISTINCT pass) FROM {texts} WHERE version = $parent)
+               (SELECT count(DISTINCT pass) FROM {texts} WHERE version = $parent),
+               (SELECT count(*) FROM grams WHERE mine)
         """,
         {"version": ctx.version.name, "parent": ctx.version.parent},
     )
@@ -288,4 +299,4 @@ def _novelty(ctx: Context, texts: str) -> Shift | None:
         return None  # the child's correct completions are too short to have a trigram
     # The parent's later passes without trigrams have nothing new in them: a spread of 0.
     novelty, spread = float(row[0]), (float(row[1] or 0.0) if row[2] >= 2 else None)
-    return distance_shift("novelty", novelty, 0.0, novelty, spread, int(row[2]))
+    return distance_shift("novelty", novelty, 0.0, novelty, spread, int(row[2]), int(row[3]))
