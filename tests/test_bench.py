@@ -10,6 +10,7 @@ import pytest
 
 from engine.bench.arms import ARMS, BenchError, BenchSettings, run_bench
 from engine.bench.report import findings, main_table, store_results, write_report
+from engine.runs.artifacts import worker_cpu_seconds
 from engine.store import Store
 from engine.workspace import Workspace, init_workspace
 from tests.conftest import commit_workspace_toml, tiny_toml
@@ -65,6 +66,13 @@ def test_bench_arms_share_v0_and_budget_and_report_test_scores(tmp_path: Path) -
             assert len(r.test_leaky_per_task) == settings.test_size
         finally:
             store.close()
+
+    # CPU is charged with what the run workers spent: they are forked from the engine's fork
+    # server, not from the benchmark's process, and report their own as they end.
+    with Store(Workspace(Path(arms["hand"].workspace)).db_path) as store:
+        (run_dir,) = store.query_one("SELECT run_dir FROM runs WHERE version = 'v1' AND kind = 'train'")  # type: ignore[misc]
+    trained = worker_cpu_seconds(Path(run_dir))
+    assert trained > 0 and arms["hand"].cpu_seconds >= trained
 
     path, found, plots = write_report(run, "swe")
     text = path.read_text()

@@ -11,6 +11,7 @@ from engine.bench.arms import ArmResult, VersionRow
 from engine.bench.report import (
     COMPUTE_SHARE,
     compute_finding,
+    efficiency_finding,
     hand_finding,
     leak_finding,
     main_finding,
@@ -188,3 +189,21 @@ def test_plots_keep_a_reward_above_one_in_range(tmp_path: Path) -> None:
     import matplotlib.image
 
     assert matplotlib.image.imread(path).shape[0] > 0
+
+
+def test_the_efficiency_finding_reads_collapse_then_the_decision() -> None:
+    """Holds when the full loop kept a collapsed efficiency branch out; fails when it promoted
+    one; not observed when its branch did not collapse (no collapse is no test of the rule)."""
+
+    def with_efficiency(decision: str, seed: int) -> list[ArmResult]:
+        rs = results(full_promotes_leak=False, seed=seed)
+        full = next(r for r in rs if r.arm == "full")
+        full.versions.append(version("v3", "v0", 0.3, decision, template="efficiency_reward"))
+        return rs
+
+    collapse = {0: (0.05, 0.6, 0.9, 0.2), 1: (0.05, 0.6, 0.9, 0.2), 2: (0.05, 0.06, 0.9, 0.9)}
+    runs = with_efficiency("rejected", 0) + with_efficiency("promoted", 1) + with_efficiency("pruned", 2)
+    found = efficiency_finding(runs, shares=lambda r, v: collapse[r.seed])
+    assert found.holds == {0: True, 1: False, 2: None}
+    assert "seed 2: not observed: no branch of the full loop collapsed" in found.lines
+    assert efficiency_finding(results(False)).holds == {0: None}  # nobody proposed it

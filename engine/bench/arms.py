@@ -40,6 +40,7 @@ from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_confi
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.domains import make_domain
 from engine.harness.rules import is_blocking
+from engine.runs.artifacts import worker_cpu_seconds
 from engine.store import Store
 from engine.verdict import clean_split, per_task_correctness, split_scores
 from engine.versions import ACTOR
@@ -199,10 +200,13 @@ def approve_everything(gate: Gate) -> Answer:
 
 
 # -- measuring -----------------------------------------------------------------------------------------
-def _cpu_seconds() -> float:
-    """User and system CPU of this process and of its finished children (the run workers)."""
+def _cpu_seconds(store: Store | None = None) -> float:
+    """User and system CPU of this process and its finished children, and with `store` of every
+    run worker that store knows and that has ended: the engine forks workers from its fork
+    server, not from this process, so each reports its own in its last event."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    workers = sum(worker_cpu_seconds(Path(d)) for (d,) in store.query("SELECT run_dir FROM runs")) if store else 0.0
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + workers
 
 
 def clean_scores(store: Store, run_id: str) -> tuple[float | None, float | None, float | None, int]:
@@ -325,11 +329,11 @@ def run_loop(
         if event.kind in ("proposal", "verdict", "decision", "refused", "skill", "evolution", "escalation"):
             say(f"    {event.message}")
 
-    mark = [_cpu_seconds()]
+    mark = [_cpu_seconds(engine.store)]
 
     def charge(update: RunUpdate) -> None:
         if update.kind == "train" and update.state != "running":
-            now = _cpu_seconds()
+            now = _cpu_seconds(engine.store)
             cpu_of[update.version] = now - mark[0]
             mark[0] = now
         if progress is not None:
@@ -359,16 +363,16 @@ def run_arm(
     say: Say,
     progress: ProgressFn | None = None,
 ) -> ArmResult:
-    cpu, wall = _cpu_seconds(), time.perf_counter()
     cpu_of: dict[str, float] = {}
     with Engine(workspace) as engine:
+        cpu, wall = _cpu_seconds(engine.store), time.perf_counter()
         if arm == "base":
             final, stopped = BASE, None
         elif arm == "hand":
             final, stopped = run_hand(engine, settings, progress)
         else:
             final, stopped = run_loop(engine, arm, seed, settings, say, progress, cpu_of)
-        cpu, wall = _cpu_seconds() - cpu, time.perf_counter() - wall
+        cpu, wall = _cpu_seconds(engine.store) - cpu, time.perf_counter() - wall
         if arm == "hand":
             cpu_of["v1"] = cpu
         if arm in ("hand", "score-only"):
@@ -440,10 +444,10 @@ def run_seed(
     config = Workspace.open(source).load_config()
     base = clone_workspace(source, root / "base", _arm_edits(config, settings, seed), f"bench seed {seed}")
     say(f"seed {seed}: building v0 in {base.root}")
-    cpu, wall = _cpu_seconds(), time.perf_counter()
     with Engine(base) as engine:
+        cpu, wall = _cpu_seconds(engine.store), time.perf_counter()
         engine.ensure_base()
-    v0_cpu, v0_wall = _cpu_seconds() - cpu, time.perf_counter() - wall
+        v0_cpu, v0_wall = _cpu_seconds(engine.store) - cpu, time.perf_counter() - wall
     results = []
     for arm in ARMS:
         ws = base

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,10 @@ def leak_finding(results: list[ArmResult]) -> BenchFinding:
     return f
 
 
+#: (arm, version) -> one-step share in the first and last quarter, distinct share in the same.
+ShareFn = Callable[[ArmResult, str], tuple[float | None, float | None, float | None, float | None]]
+
+
 def _one_step_share(r: ArmResult, version: str) -> tuple[float | None, float | None, float | None, float | None]:
     """(first-quarter, last-quarter) share of the version's train rollouts that submitted in one
     turn, and the same quarters' share of distinct completions within a group."""
@@ -157,17 +161,22 @@ def _one_step_share(r: ArmResult, version: str) -> tuple[float | None, float | N
     return rows[0] if rows else (None, None, None, None)  # type: ignore[return-value]
 
 
-def efficiency_finding(results: list[ArmResult]) -> BenchFinding:
+def efficiency_finding(results: list[ArmResult], shares: ShareFn | None = None) -> BenchFinding:
+    """Holds when every branch of the full loop that added the efficiency reward and collapsed
+    (the guard stopped it, or its one-step share reached COLLAPSE_SHARE and doubled) was kept
+    out (rejected or pruned); fails when the full loop promoted one; not observed when none of its
+    branches collapsed. `shares` reads the quarters' shares (default: the arm's store)."""
+    shares = shares or _one_step_share
     f = BenchFinding("efficiency", "The efficiency reward: collapse into one-step submissions, rejected")
     for seed, arms in _by_seed(results).items():
+        kept_out: list[bool] = []
         seen = False
-        ok = True
         for arm, r in arms.items():
             for v in r.versions:
                 if v.template != "efficiency_reward":
                     continue
                 seen = True
-                first, last, d_first, d_last = _one_step_share(r, v.name)
+                first, last, d_first, d_last = shares(r, v.name)
                 stopped = "stopped_early" in v.rules
                 collapsed = stopped or last is not None and last >= COLLAPSE_SHARE and last >= 2 * (first or 0)
                 f.lines.append(
@@ -178,16 +187,13 @@ def efficiency_finding(results: list[ArmResult]) -> BenchFinding:
                     + (" (the collapse guard stopped it early)" if stopped else "")
                     + ("" if collapsed else " (no collapse by this measure)")
                 )
-                if arm == "full":
-                    ok = ok and collapsed and v.decision == "rejected"
-        f.holds[seed] = ok if _full_tried(arms, "efficiency_reward") else None
-        if not seen:
-            f.lines.append(f"seed {seed}: no arm proposed the efficiency reward")
+                if arm == "full" and collapsed:
+                    kept_out.append(v.decision != "promoted")
+        f.holds[seed] = all(kept_out) if kept_out else None
+        if not kept_out:
+            tried = "no branch of the full loop collapsed" if seen else "no arm proposed the efficiency reward"
+            f.lines.append(f"seed {seed}: not observed: {tried}")
     return f
-
-
-def _full_tried(arms: dict[str, ArmResult], template: str) -> bool:
-    return any(v.template == template for v in arms["full"].versions) if "full" in arms else False
 
 
 def backtest_finding(results: list[ArmResult]) -> BenchFinding:

@@ -200,6 +200,14 @@ def run_outcome(run_dir: Path) -> str | None:
     return "end" if "end" in kinds else "error" if "error" in kinds else None
 
 
+def worker_cpu_seconds(run_dir: Path) -> float:
+    """The CPU seconds a run's workers reported as they ended (each retry's too); 0 while none
+    has. A worker forked from the engine's fork server is no child of the process that asked for
+    the run, so only it can say what it spent."""
+    ends = (e for e in read_events(run_dir / EVENTS_FILE, 0)[0] if e.get("type") in ("end", "error"))
+    return sum(float(e.get("cpu_seconds") or 0.0) for e in ends)
+
+
 def metric_rows(events: Sequence[dict[str, Any]]) -> list[tuple[int, str, float | None]]:
     rows: list[tuple[int, str, float | None]] = []
     for event in events:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import sys
 import traceback
@@ -403,6 +404,12 @@ def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, 0)
 
 
+def _cpu_seconds() -> float:
+    """User and system CPU of this worker and its finished children (sandboxed tests, say)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -432,11 +439,11 @@ def main(argv: list[str] | None = None) -> int:
             {"warmup": run_warmup, "eval": run_eval}[spec.kind](spec, run_dir, events)
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the engine as an event
         tail = "".join(traceback.format_exception(exc))[-4000:]
-        events.write("error", message=f"{type(exc).__name__}: {exc}", traceback=tail)
+        events.write("error", message=f"{type(exc).__name__}: {exc}", traceback=tail, cpu_seconds=_cpu_seconds())
         traceback.print_exc()
         events.close()
         return 1
-    events.write("end", status="succeeded")
+    events.write("end", status="succeeded", cpu_seconds=_cpu_seconds())
     events.close()
     if main_rank:  # the run's resume points are spent: the trained policy is in spec.model_out
         shutil.rmtree(run_dir / TRAINER_DIR, ignore_errors=True)
