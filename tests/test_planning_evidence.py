@@ -46,14 +46,14 @@ PARENT = '[workspace]\nname = "t"\n'  # the text CONFIG was parsed from
 class Rows:
     """A store's two queries over synthetic train rollouts: per-task successes and lengths."""
 
-    def __init__(self, lengths: list[tuple[int, bool]], success: list[tuple[int, int]]):
-        self.lengths, self.success = lengths, success
+    def __init__(self, lengths: list[tuple[int, bool]], success: list[tuple[int, int]], budget: int | None = None):
+        self.lengths, self.success, self.budget = lengths, success, budget
 
     def query_one(self, sql: str, params: Any = None) -> tuple[Any, ...]:
         return ([], len(self.success), [], [list(x) for x in self.success])
 
-    def query(self, sql: str, params: Any = None) -> list[tuple[int, bool]]:
-        return self.lengths
+    def query(self, sql: str, params: Any = None) -> list[tuple[int, bool, int | None]]:
+        return [(n, cut, self.budget) for n, cut in self.lengths]
 
 
 def censored(budget: int, n: int, shape: float, scale: float, seed: int) -> list[tuple[int, bool]]:
@@ -87,6 +87,22 @@ def test_a_budget_that_already_covers_the_lengths_is_not_lengthened() -> None:
     # Without the lengths, the catalog's fixed step, and the hypothesis says so.
     iv = TEMPLATES["longer_budget"].propose(config, [])
     assert iv is not None and iv.changes == {"recipe.max_completion_length": 300} and FIXED in iv.hypothesis
+
+
+def test_episodes_cut_short_by_their_turns_do_not_lengthen_the_token_budget() -> None:
+    """An agentic run: a quarter of the episodes ran out of turns at 40-80 tokens, far below the
+    budget of 200; no completion reached it, so the budget does not bind and no longer one is
+    proposed (the SWE benchmark's 200 -> 300 trained the control's model)."""
+    rows = censored(10_000, 600, 0.4, 30.0, seed=3)
+    rng = random.Random(4)
+    rows += [(rng.randint(40, 80), True) for _ in range(200)]
+    facts = run_facts(Rows(rows, [(1, 2)], budget=200), "run")  # type: ignore[arg-type]
+    assert facts.lengths is not None and facts.lengths.budget == 200 and facts.lengths.truncated == 0
+    config = CONFIG.model_copy(update={"recipe": CONFIG.recipe.model_copy(update={"max_completion_length": 200})})
+    assert TEMPLATES["longer_budget"].propose(config, [], facts=facts) is None
+    # The same lengths cut at the budget itself are censored there, and the budget is sized.
+    at_budget = run_facts(Rows([(n, cut) for n, cut in censored(60, 800, 0.4, 50.0, seed=3)], [(1, 2)], 60), "run")  # type: ignore[arg-type]
+    assert at_budget.lengths is not None and at_budget.lengths.truncated > 0 and at_budget.lengths.q95 > 60
 
 
 def test_the_group_size_is_the_smallest_whose_predicted_dead_share_clears_the_rule() -> None:

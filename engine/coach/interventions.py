@@ -246,18 +246,22 @@ def run_facts(store: Store, run_id: str | None) -> Facts:
 
 
 def _length_fit(store: Store, run_id: str) -> LengthFit | None:
+    """The fit, censoring only the truncated completions that reached the run's token budget:
+    one cut short by anything else (an agentic episode out of turns) says nothing about tokens."""
     rows = store.query(
-        """SELECT completion_length, truncated FROM rollouts WHERE run_id = ? AND split = 'train'
-           AND (truncated OR coalesce(reward_components['correctness'], reward) = 1)""",
+        """SELECT o.completion_length, o.truncated, try_cast(r.config->'recipe'->>'max_completion_length' AS INTEGER)
+           FROM rollouts o LEFT JOIN runs r ON r.id = o.run_id WHERE o.run_id = ? AND o.split = 'train'
+           AND (o.truncated OR coalesce(o.reward_components['correctness'], o.reward) = 1)""",
         [run_id],
     )
-    finished = [float(n) for n, cut in rows if not cut]
-    cut = [float(n) for n, c in rows if c]
-    if len(finished) < 10 or not cut:  # too few correct ones to fit, or nothing to extend the budget for
+    finished = [float(n) for n, cut, _ in rows if not cut]
+    truncated = [float(n) for n, cut, _ in rows if cut]
+    if len(finished) < 10 or not truncated:  # too few correct ones to fit, or nothing was cut
         return None
+    budget = next((int(b) for *_, b in rows if b is not None), int(max(truncated)))
+    cut = [n for n in truncated if n >= budget]
     from scipy import stats
 
-    budget = int(max(cut))
     data = stats.CensoredData(uncensored=finished, right=cut)
     shape, _, scale = stats.lognorm.fit(data, floc=0)
     q95 = float(stats.lognorm.ppf(0.95, shape, 0, scale))
