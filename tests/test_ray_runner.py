@@ -162,8 +162,10 @@ def test_kill_cancels_the_task_and_stops_the_worker_with_its_children(
     handle.kill()
     assert finish(handle, seconds=10) != 0
     assert handle.reason is not None and "cancelled" in handle.reason
-    assert worker_pids(run_dir) == []
-    assert [argv for _, argv in _processes() if argv == ["sleep", "317"]] == []
+    # SIGKILL is sent; a process holding torch takes a moment to tear down under load (CI saw one
+    # still exiting at the first look), so the group must be gone within seconds, not at once.
+    until(lambda: not worker_pids(run_dir), seconds=10)
+    until(lambda: not [argv for _, argv in _processes() if argv == ["sleep", "317"]], seconds=10)
     assert launches(run_dir) == 1  # never retried
 
 
