@@ -180,18 +180,20 @@ def _arm_edits(config: WorkspaceConfig, settings: BenchSettings, seed: int) -> d
         edits["domain.test_size"] = settings.test_size
     if settings.warmup_steps is not None:
         edits["policy.warmup.steps"] = settings.warmup_steps
+    return edits | _leak_edits(config, settings)
+
+
+def _leak_edits(config: WorkspaceConfig, settings: BenchSettings) -> dict[str, Any]:
+    """The benchmark's leak switch for a SWE workspace (nothing elsewhere, or with no leak rate)."""
     if settings.leak_rate > 0 and config.domain.name == "swe":
-        edits["domain.leak_fix_in_history"] = True
-        edits["domain.leak_rate"] = settings.leak_rate
-    return edits
+        return {"domain.leak_fix_in_history": True, "domain.leak_rate": settings.leak_rate}
+    return {}
 
 
 def _leaky_config(config: WorkspaceConfig, settings: BenchSettings) -> WorkspaceConfig | None:
     """The version's config with the benchmark's leak on (None where the benchmark has none)."""
-    if not (settings.leak_rate > 0 and config.domain.name == "swe"):
-        return None
-    domain = config.domain.model_copy(update={"leak_fix_in_history": True, "leak_rate": settings.leak_rate})
-    return config.model_copy(update={"domain": domain})
+    leak = {key.removeprefix("domain."): value for key, value in _leak_edits(config, settings).items()}
+    return config.model_copy(update={"domain": config.domain.model_copy(update=leak)}) if leak else None
 
 
 def approve_everything(gate: Gate) -> Answer:
