@@ -1,7 +1,10 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from functools import cache
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -297,3 +300,16 @@ def test_config_is_strict() -> None:
         SweDomainConfig(max_turns=1)
     with pytest.raises(ValidationError):
         SweDomainConfig(leak_rate=1.5)
+
+
+def test_the_swe_domain_builds_and_grades_tasks_without_loading_torch() -> None:
+    """A pure-Python domain (pyproject's layers contract); this also sees lazy imports, which a
+    static contract cannot."""
+    script = (
+        "import sys; from engine.config import SweDomainConfig; from engine.domains.swe import SweDomain; "
+        "d = SweDomain(SweDomainConfig(train_size=30, val_size=6)); task = d.tasks('val')[0]; "
+        "assert d.is_correct(task, d.demonstration(task)), 'the demonstration fails'; d.vocabulary(); "
+        "heavy = [m for m in ('torch', 'transformers', 'trl') if m in sys.modules]; "
+        "assert not heavy, f'loaded {heavy}'"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parents[1])

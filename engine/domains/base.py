@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import string
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -48,6 +49,10 @@ def draw_distinct(
 #: The splits: train (GRPO trains on it), val (every decision reads it), test (held out from
 #: everything that decides: only `evotui eval --split test` and the benchmark's report read it).
 SPLITS = ("train", "val", "test")
+
+#: Every printable ASCII character and the whitespace an edit can carry: the alphabet of a tool
+#: domain, and the character fallback of the word tokenizer (`engine.policy.words`).
+PRINTABLE = sorted(set(string.printable) - set("\x0b\x0c"))
 
 
 def held_out_splits(

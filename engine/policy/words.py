@@ -12,11 +12,10 @@ vocabulary is one token; any other is split into its characters, which are all i
 
 from __future__ import annotations
 
-import string
-
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
+from engine.domains.base import PRINTABLE
 from engine.policy.tokenizer import BOS, EOS, PAD, UNK, wrap
 
 # One pre-token each: a newline (its own token: the rollout loop stops generation at it); an
@@ -25,8 +24,8 @@ from engine.policy.tokenizer import BOS, EOS, PAD, UNK, wrap
 # space, a tab), because `.` does not match a newline in the tokenizers regex engine.
 PIECE = r"\n| ?[A-Za-z_][A-Za-z0-9_]*(?:\.py)?| ?-?[0-9]+| ?(?:==|=>|//|!=|<=|>=|\*\*)| ?[^\sA-Za-z0-9_]|[\s\S]"
 
-#: Every printable ASCII character and the whitespace an edit can carry: the character fallback.
-FALLBACK = sorted(set(string.printable) - set("\x0b\x0c"))
+#: The character fallback: every printable ASCII character and the whitespace an edit can carry.
+FALLBACK = PRINTABLE
 
 
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:

@@ -22,6 +22,7 @@ from engine.domains import reward_functions
 from engine.domains.base import (
     EDIT_TOOL,
     LOOK_TOOLS,
+    PRINTABLE,
     SPLITS,
     TEST_TOOL,
     Episode,
@@ -33,7 +34,6 @@ from engine.domains.judge import ClaudeJudge
 from engine.domains.swe.demos import demonstration_actions
 from engine.domains.swe.env import PROMPT_MARKER, SweEnvironment, TestRunner, replay
 from engine.domains.swe.repos import CODE_FILES, KINDS, TEST_FILE, Repo, generate_repo, vocabulary_words
-from engine.policy.words import FALLBACK
 
 __all__ = ["SweDomain", "completion_actions", "rubric_score"]
 
@@ -52,8 +52,8 @@ NUMBERS = range(-99, 200)
 
 class SweDomain:
     name = "swe"
-    #: The character fallback of the word tokenizer (the character tokenizer is too slow here).
-    alphabet = "".join(FALLBACK)
+    #: The word tokenizer's character fallback (the character tokenizer is too slow here).
+    alphabet = "".join(PRINTABLE)
 
     def __init__(self, config: SweDomainConfig) -> None:
         self.config = config
