@@ -47,8 +47,8 @@ def test_forward_migration_keeps_existing_data(tmp_path: Path, monkeypatch: pyte
         store.add_version("v0", None, "versions/v0", "abc")
     extra = "ALTER TABLE versions ADD COLUMN note VARCHAR DEFAULT 'migrated'"
     monkeypatch.setattr(schema_module, "MIGRATIONS", [*schema_module.MIGRATIONS, extra])
-    monkeypatch.setattr("engine.store.store.MIGRATIONS", [*schema_module.MIGRATIONS])
-    monkeypatch.setattr("engine.store.store.SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr("engine.store.connection.MIGRATIONS", [*schema_module.MIGRATIONS])
+    monkeypatch.setattr("engine.store.connection.SCHEMA_VERSION", SCHEMA_VERSION + 1)
     with Store(path) as store:
         assert store.schema_version() == SCHEMA_VERSION + 1
         assert store.query("SELECT name, note FROM versions") == [("v0", "migrated")]
