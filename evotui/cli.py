@@ -17,6 +17,7 @@ import typer
 from rich import box
 from rich.console import Console
 from rich.markup import escape
+from rich.padding import Padding
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
@@ -676,12 +677,26 @@ def eval_cmd(
 
 @app.command()
 def report(
-    workspace: WorkspaceArg,
-    version: VersionArg,
+    workspace: Annotated[Path | None, typer.Argument(help="The workspace directory.", show_default=False)] = None,
+    version: Annotated[str | None, typer.Argument(help="A version, e.g. v1.", show_default=False)] = None,
     against: Annotated[str | None, typer.Option(help="Compare with this version (default: the parent).")] = None,
+    thresholds: Annotated[
+        bool,
+        typer.Option("--thresholds", help="Print the harness's table of thresholds instead (no WORKSPACE or VERSION)."),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The health report of a version: diagnosis, trends, reward flow, rollouts to read."""
+    """The health report of a version: diagnosis, trends, reward flow, rollouts to read.
+
+    With --thresholds: every line the built-in harness grades findings and fires rules on, with
+    the principle it rests on and the analyzers and rules that read it."""
+    if thresholds:
+        if workspace is not None or version is not None or against is not None:
+            _fail(ValueError("--thresholds prints the built-in table: give no WORKSPACE, VERSION or --against"))
+        _print_thresholds(as_json)
+        return
+    if workspace is None or version is None:
+        _fail(ValueError("report needs WORKSPACE and VERSION (e.g. `evotui report . v1`), or --thresholds"))
     from engine.harness.health import render_markdown
 
     try:
@@ -693,6 +708,26 @@ def report(
         _print_json(data)
     else:
         sys.stdout.write(render_markdown(data))
+
+
+def _print_thresholds(as_json: bool) -> None:
+    """The table, an entry a paragraph (it reads at 80 columns): the line, its metric, its basis and
+    principle, and who reads it."""
+    from engine.harness.thresholds import THRESHOLDS, Threshold
+
+    if as_json:
+        _print_json([t.to_dict() for t in THRESHOLDS])
+        return
+    console.print("[bold]Harness thresholds[/] (engine/harness/thresholds.py)\n", highlight=False)
+
+    def where(t: Threshold) -> str:
+        return "" if t.defined_in == "engine.harness.thresholds" else f" Defined in {t.defined_in}."
+
+    for t in THRESHOLDS:
+        metric = f"  {t.metric}" if t.metric else ""
+        console.print(f"[bold]{t.name}[/]  {escape(t.line)}[dim]{escape(metric)}[/]", highlight=False)
+        console.print(Padding(Text(f"{t.basis}: {t.principle}{where(t)}"), (0, 0, 0, 2)))
+        console.print(Padding(Text(f"read by {', '.join(t.readers)}", style="dim"), (0, 0, 0, 2)))
 
 
 @app.command("export")

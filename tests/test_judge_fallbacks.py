@@ -16,9 +16,9 @@ from engine.config import SweDomainConfig, parse_config
 from engine.domains.base import Episode, ToolCall
 from engine.domains.judge import FALLBACK_RATIO, FALLBACKS_PREFIX
 from engine.domains.swe import SweDomain
-from engine.harness.analyzers.signal import JUDGE_FALLBACK_WARNING
 from engine.harness.base import Finding
 from engine.harness.diagnose import diagnose, headline
+from engine.harness.thresholds import JUDGE_FALLBACKS
 from engine.runs.artifacts import EVENTS_FILE, EventLog
 from engine.runs.episodes import EpisodeRollout
 from engine.runs.ingest import ingest_run
@@ -124,8 +124,8 @@ def test_fallbacks_are_stored_per_step_and_the_finding_warns_with_their_kinds(
         (2, FALLBACK_RATIO, 0.0),
     ]
     (f,) = findings
-    assert f.value == pytest.approx(0.25) and f.severity == "warning"  # above JUDGE_FALLBACK_WARNING
-    assert f.layer == "signal" and f.threshold == JUDGE_FALLBACK_WARNING and f.steps == (1,)
+    assert f.value == pytest.approx(0.25) and f.severity == "warning"  # above the JUDGE_FALLBACKS line
+    assert f.layer == "signal" and f.threshold == JUDGE_FALLBACKS.value and f.steps == (1,)
     assert "BadRequestError x1" in f.explanation and "ValueError x1" in f.explanation
     assert any(line.startswith("warning: signal.judge_fallback_ratio") for line in lines)  # `evotui diagnose`
 

@@ -5,9 +5,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.grpo import MIN_KEEP_RATIO
-from engine.harness.analyzers.signal import DEAD_GROUPS_CRITICAL, DEAD_GROUPS_WARNING
 from engine.harness.base import Context, Finding, Findings, RuleResult, rule
+from engine.harness.thresholds import (
+    DEAD_GROUPS,
+    DEAD_TRAINING,
+    DIVERSITY_DROP,
+    ENTROPY_RATIO,
+    FILTER_KEEP_RATIO,
+    HACKING_NO_GAIN,
+    HISTORY_SUCCESS_GAP,
+    HISTORY_USE,
+    LAZINESS_NO_GAIN,
+    LEAK_GAIN_SHARE,
+    LENGTH_GROWTH,
+    LENGTH_REWARD_CORR,
+    LENGTH_SHRINK,
+    REWARD_MODE_SHARE,
+    REWARD_RISE,
+    SHORTCUT_NO_GAIN,
+    TURNS_ECHO_TRAP,
+    TURNS_GIVING_UP,
+    TURNS_GROWTH,
+)
 
 #: Rules that, firing critical, stand against a promotion: the gain may come from the wrong thing
 #: (a leak, a form the verifier mistakes for skill, a shaped reward) or the policy collapsed. The
@@ -40,7 +59,7 @@ def leak(f: Findings, ctx: Context) -> RuleResult | None:
     """The score may not be the skill: success concentrates in rollouts that read history, or the
     version's val gain is (mostly) not reproduced in the clean environment."""
     share, gap = f.value("behavior.history_use_rate"), f.value("behavior.history_success_gap")
-    if share is not None and gap is not None and share >= 0.05 and gap >= 0.3:
+    if HISTORY_USE.crossed(share) and HISTORY_SUCCESS_GAP.crossed(gap):
         return RuleResult(
             f"{share:.0%} of rollouts used history commands and they succeed {gap:+.2f} more often: "
             "the policy may be copying the fix from history",
@@ -49,8 +68,8 @@ def leak(f: Findings, ctx: Context) -> RuleResult | None:
         )
     grew, low = f.value("version.clean_gap_delta"), f.value("version.clean_gap_delta_low")
     gain = f.value("version.delta_to_parent", 0.0) or 0.0
-    # The gap grew beyond noise and accounts for at least half of the val gain.
-    if grew is None or low is None or low <= 0 or grew < gain / 2:
+    # The gap grew beyond noise (its interval above 0) and accounts for LEAK_GAIN_SHARE of the val gain.
+    if grew is None or low is None or low <= 0 or grew < LEAK_GAIN_SHARE.value * gain:
         return None
     return RuleResult(
         f"val correctness moved {gain:+.3f} vs the parent, but the val - clean gap grew {grew:+.3f} "
@@ -124,7 +143,7 @@ def dead_training(f: Findings, ctx: Context) -> RuleResult | None:
     """Nothing is learned: loss and gradient stuck at zero, or (almost) every group dead."""
     stuck = f.value("signal.loss_stuck_at_zero", 0.0) == 1.0
     dead = f.value("signal.dead_group_ratio_recent", 0.0) or 0.0
-    if not stuck and dead < 0.95:
+    if not stuck and not DEAD_TRAINING.crossed(dead):
         return None
     why = "loss and gradient are zero" if stuck else f"{dead:.0%} of recent groups have no reward spread"
     return RuleResult(f"dead training: {why}", "critical", ("signal.loss_stuck_at_zero", "signal.dead_group_ratio"))
@@ -142,12 +161,13 @@ def dead_training(f: Findings, ctx: Context) -> RuleResult | None:
 def insufficient_signal(f: Findings, ctx: Context) -> RuleResult | None:
     """Many dead groups and one reward value dominating: GRPO has few advantages to learn from."""
     dead, mode = f.value("signal.dead_group_ratio"), f.value("signal.reward_mode_share")
-    if dead is None or mode is None or dead <= DEAD_GROUPS_WARNING or mode <= 0.6:
+    severity = DEAD_GROUPS.severity(dead)
+    if severity == "info" or not REWARD_MODE_SHARE.crossed(mode):
         return None
     return RuleResult(
         f"{dead:.0%} of groups are dead and {mode:.0%} of rollouts share one reward value: "
         "make the reward continuous or add a signal",
-        "critical" if dead > DEAD_GROUPS_CRITICAL else "warning",
+        severity,
         ("signal.dead_group_ratio", "signal.reward_mode_share"),
     )
 
@@ -156,7 +176,7 @@ def insufficient_signal(f: Findings, ctx: Context) -> RuleResult | None:
 def reward_hacking(f: Findings, ctx: Context) -> RuleResult | None:
     """The shaped total reward rises while binary correctness is flat or falling."""
     reward, correct = f.value("signal.reward_trend"), f.value("score.train_correctness_trend")
-    if reward is None or correct is None or reward < 0.05 or correct > 0.01:
+    if not (REWARD_RISE.crossed(reward) and HACKING_NO_GAIN.crossed(correct)):
         return None
     return RuleResult(
         f"total reward {reward:+.3f} while correctness {correct:+.3f}: the policy is paid for something else",
@@ -171,7 +191,7 @@ def exploration_collapse(f: Findings, ctx: Context) -> RuleResult | None:
     entropy = f.value("signal.entropy_ratio")
     diversity_drop = f.value("behavior.completion_diversity_trend", 0.0) or 0.0
     low_solutions = f.at_least("behavior.solution_diversity", "warning")
-    if entropy is None or entropy >= 0.5 or not (diversity_drop < -0.1 or low_solutions):
+    if not ENTROPY_RATIO.crossed(entropy) or not (DIVERSITY_DROP.crossed(diversity_drop) or low_solutions):
         return None
     return RuleResult(
         f"entropy fell to {entropy:.0%} of its start and group samples became alike",
@@ -191,7 +211,7 @@ def shortcut_collapse(f: Findings, ctx: Context) -> RuleResult | None:
     sometimes right. Entropy need not fall, so exploration_collapse does not see it."""
     gain = f.value("score.train_correctness_trend", 0.0) or 0.0
     length, diversity = f.value("signal.length_trend"), f.value("behavior.completion_diversity_trend")
-    if length is not None and diversity is not None and length < 0.6 and diversity < -0.1 and gain <= 0.1:
+    if LENGTH_SHRINK.crossed(length) and DIVERSITY_DROP.crossed(diversity) and SHORTCUT_NO_GAIN.crossed(gain):
         return RuleResult(
             f"completions shrank to {length:.0%} of their length and group diversity fell {-diversity:.2f} "
             f"while train correctness moved {gain:+.2f}: a shortcut is replacing the reasoning",
@@ -278,7 +298,7 @@ def format_gate(f: Findings, ctx: Context) -> RuleResult | None:
 def length_gaming(f: Findings, ctx: Context) -> RuleResult | None:
     """Reward correlates with length and length grows: the policy may be paid for being long."""
     corr, growth = f.value("signal.length_reward_corr"), f.value("signal.length_trend")
-    if corr is None or corr <= 0.3 or growth is None or growth <= 1.1:
+    if not (LENGTH_REWARD_CORR.crossed(corr) and LENGTH_GROWTH.crossed(growth)):
         return None
     return RuleResult(
         f"corr(length, reward) {corr:.2f} and length x{growth:.2f}",
@@ -290,16 +310,16 @@ def length_gaming(f: Findings, ctx: Context) -> RuleResult | None:
 @rule("over_filtering", priority=9, candidate_kinds=("filter: lower the std threshold",))
 def over_filtering(f: Findings, ctx: Context) -> RuleResult | None:
     keep = f.value("signal.filter_keep_ratio")
-    if keep is None or keep >= MIN_KEEP_RATIO:
+    if not FILTER_KEEP_RATIO.crossed(keep):
         return None
     return RuleResult(f"the group filter keeps only {keep:.0%} of groups", "warning", ("signal.filter_keep_ratio",))
 
 
 @rule("echo_trap", priority=10, candidate_kinds=("budget: max turns", "environment: observation format"))
 def echo_trap(f: Findings, ctx: Context) -> RuleResult | None:
-    """Episodes get longer and longer (or exceed 50 turns): the policy repeats itself."""
+    """Episodes get longer and longer (or beyond the echo-trap line): the policy repeats itself."""
     mean, trend = f.value("behavior.turns_mean"), f.value("behavior.turns_trend")
-    if mean is None or not (mean > 50 or (trend is not None and trend > 1.5)):
+    if mean is None or not (TURNS_ECHO_TRAP.crossed(mean) or TURNS_GROWTH.crossed(trend)):
         return None
     return RuleResult(
         f"{mean:.1f} turns per episode, x{trend or 1:.2f} over the run", "warning", ("behavior.turns_mean",)
@@ -314,9 +334,10 @@ def echo_trap(f: Findings, ctx: Context) -> RuleResult | None:
 def laziness(f: Findings, ctx: Context) -> RuleResult | None:
     """Fewer tool calls and self-tests, and no gain in correctness."""
     self_test = f.at_least("behavior.self_test_rate", "warning")
-    giving_up = f.at_least("behavior.turns_mean", "critical") and (f.value("behavior.turns_mean") or 99) < 5
+    turns = f.value("behavior.turns_mean")
+    giving_up = f.at_least("behavior.turns_mean", "critical") and TURNS_GIVING_UP.crossed(turns)
     gain = f.value("score.train_correctness_trend", 0.0) or 0.0
-    if not (self_test or giving_up) or gain > 0.02:
+    if not (self_test or giving_up) or not LAZINESS_NO_GAIN.crossed(gain):
         return None
     return RuleResult(
         "the policy tests little or gives up early and correctness does not improve",

@@ -27,11 +27,12 @@ from engine.harness.analyzers.audit import short
 from engine.harness.analyzers.version import LATEST_EVALUATED_RUNS
 from engine.harness.base import Context, Finding, analyzer
 from engine.harness.cutoffs import PairedGain, unsupported
+from engine.harness.thresholds import ACCEPTED
 
 #: Examples of disagreeing accepted answers in a finding.
 EXAMPLES = 3
 
-_ACCEPTED = "coalesce(o.reward_components['correctness'], o.reward) >= 0.5"
+_ACCEPTED = f"coalesce(o.reward_components['correctness'], o.reward) {ACCEPTED.op} {ACCEPTED.value}"
 
 _ANSWERS = f"""
     WITH latest AS ({LATEST_EVALUATED_RUNS})

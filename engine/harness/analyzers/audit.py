@@ -17,9 +17,13 @@ import numpy as np
 from engine.harness.analyzers.version import LATEST_EVALUATED_RUNS
 from engine.harness.base import Context, Finding, analyzer
 from engine.harness.cutoffs import PairedGain, unsupported
+from engine.harness.thresholds import ACCEPTED
 
 #: Examples of accepted answers the audit refused, in the finding.
 EXAMPLES = 3
+
+#: SQL: the verifier accepted the answer (`ACCEPTED`).
+_ACCEPTED = f"coalesce(reward_components['correctness'], reward) {ACCEPTED.op} {ACCEPTED.value}"
 
 _PER_TASK = f"""
     WITH latest AS ({LATEST_EVALUATED_RUNS}),
@@ -31,8 +35,8 @@ _PER_TASK = f"""
     SELECT version, task_id, prompt,
            avg(coalesce(reward_components['correctness'], reward)) AS verifier,
            avg(audit::INT) AS audit, count(*) FILTER (WHERE audit IS NULL) AS unaudited,
-           count(*) FILTER (WHERE coalesce(reward_components['correctness'], reward) >= 0.5) AS accepted,
-           count(*) FILTER (WHERE coalesce(reward_components['correctness'], reward) >= 0.5 AND NOT audit) AS refused
+           count(*) FILTER (WHERE {_ACCEPTED}) AS accepted,
+           count(*) FILTER (WHERE {_ACCEPTED} AND NOT audit) AS refused
     FROM last GROUP BY ALL
 """
 
@@ -41,7 +45,7 @@ _EXAMPLES = f"""
     SELECT o.prompt, o.completion, o.reference
     FROM latest l JOIN rollouts o ON o.run_id = l.run_id
     WHERE l.version = $version AND o.split = 'val' AND o.decoding = $decoding AND NOT o.audit
-      AND coalesce(o.reward_components['correctness'], o.reward) >= 0.5
+      AND {_ACCEPTED}
     ORDER BY o.step DESC, o.group_id, o.sample_idx LIMIT {EXAMPLES}
 """
 

@@ -9,7 +9,18 @@ traces still get the trace-free analyzers (format violations, completion diversi
 from __future__ import annotations
 
 from engine.domains.base import EDIT_TOOL, HISTORY_TOOLS, LOOK_TOOLS, TEST_TOOL
-from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
+from engine.harness.base import Context, Finding, analyzer
+from engine.harness.thresholds import (
+    EDIT_FAILURES,
+    FORMAT_VIOLATIONS,
+    SELF_TEST,
+    SOLUTION_DIVERSITY,
+    TURNS_ECHO_TRAP,
+    TURNS_GIVING_UP,
+)
+
+#: Edited-file sets become bit masks over a run's distinct edited files while they fit a UBIGINT.
+MASK_BITS = 64
 
 
 def _any_of(tools: tuple[str, ...]) -> str:
@@ -31,7 +42,7 @@ def _last_of(tool: str) -> str:
 
 # One row per traced train rollout: every behavior feature as a scalar, computed with list
 # functions in one pass. `$files` lists the run's edited files so that an edited-file set
-# becomes a bit mask (runs with more than 64 distinct files get no mask). The habits
+# becomes a bit mask (runs with more than MASK_BITS distinct files get no mask). The habits
 # (`looked_first`, `tested_after_edit`) follow their one definition in `engine.domains.base`,
 # the one the SWE reward components of the same names use.
 FEATURES_SQL = f"""
@@ -60,7 +71,7 @@ SELECT step, group_id, sample_idx, reward, success, completion_length,
        calls[first_edit].turn AS first_edit_turn,  -- NULL without an edit (DuckDB lists start at 1)
        first_edit > 0 AND first_look > 0 AND first_look < first_edit AS looked_first,
        last_edit > 0 AND last_test > last_edit AS tested_after_edit,
-       CASE WHEN len($files) <= 64 THEN coalesce(list_aggregate(
+       CASE WHEN len($files) <= {MASK_BITS} THEN coalesce(list_aggregate(
            list_transform(edited, lambda f: 1::UBIGINT << (list_position($files, f) - 1)::UBIGINT), 'bit_or'), 0)
        END AS edit_mask
 FROM p
@@ -87,8 +98,8 @@ def _features(ctx: Context) -> str | None:
 
 @analyzer("tool_use", "behavior")
 def tool_use(ctx: Context) -> list[Finding]:
-    """Tool calls per rollout and per tool, tool-failure rate, and edit failures (> 15%: poor
-    edit quality)."""
+    """Tool calls per rollout and per tool, tool-failure rate, and edit failures (above the
+    `EDIT_FAILURES` line: poor edit quality)."""
     f = _features(ctx)
     if f is None:
         return []
@@ -116,9 +127,8 @@ def tool_use(ctx: Context) -> list[Finding]:
         Finding(
             "behavior.edit_failure_rate",
             rate,
-            severity_above(rate, 0.15),
-            f"{failed_edits} of {edits} edits failed" if edits else "no edits",
-            threshold=0.15,
+            explanation=f"{failed_edits} of {edits} edits failed" if edits else "no edits",
+            **EDIT_FAILURES.grade(rate),
         )
     )
     return out
@@ -126,8 +136,9 @@ def tool_use(ctx: Context) -> list[Finding]:
 
 @analyzer("habits", "behavior")
 def habits(ctx: Context) -> list[Finding]:
-    """Self-test rate (< 50% warning), search-before-edit and edit-then-test rates (shares of the
-    rollouts that edited; `engine.domains.base` defines both habits), first-edit turn."""
+    """Self-test rate (warning below the `SELF_TEST` line), search-before-edit and edit-then-test
+    rates (shares of the rollouts that edited; `engine.domains.base` defines both habits),
+    first-edit turn."""
     f = _features(ctx)
     if f is None:
         return []
@@ -144,9 +155,8 @@ def habits(ctx: Context) -> list[Finding]:
         Finding(
             "behavior.self_test_rate",
             self_test,
-            severity_below(self_test, 0.5),
-            f"{self_test:.0%} of rollouts ran the tests",
-            threshold=0.5,
+            explanation=f"{self_test:.0%} of rollouts ran the tests",
+            **SELF_TEST.grade(self_test),
         ),
         Finding(
             "behavior.search_before_edit_rate",
@@ -166,17 +176,25 @@ def habits(ctx: Context) -> list[Finding]:
 
 @analyzer("turns", "behavior")
 def turns(ctx: Context) -> list[Finding]:
-    """Turns per episode: mean < 5 is giving up, > 50 an echo trap; first vs last window."""
+    """Turns per episode: a mean below `TURNS_GIVING_UP` is giving up, above `TURNS_ECHO_TRAP` an
+    echo trap (both critical); first vs last window."""
     f = _features(ctx)
     if f is None:
         return []
     mean, first, last = ctx.window_means(f"SELECT step, n_turns FROM {f}", "n_turns")
     if mean is None:
         return []
-    severity = "critical" if mean < 5 or mean > 50 else "info"
-    why = "giving up" if mean < 5 else "echo trap" if mean > 50 else "in range"
+    giving_up, echo_trap = TURNS_GIVING_UP.severity(mean), TURNS_ECHO_TRAP.severity(mean)
+    severity = giving_up if giving_up != "info" else echo_trap
+    why = "giving up" if giving_up != "info" else "echo trap" if echo_trap != "info" else "in range"
     return [
-        Finding("behavior.turns_mean", mean, severity, f"{mean:.1f} turns per episode ({why})", threshold=5.0),
+        Finding(
+            "behavior.turns_mean",
+            mean,
+            severity,
+            f"{mean:.1f} turns per episode ({why})",
+            threshold=TURNS_GIVING_UP.value,
+        ),
         Finding(
             "behavior.turns_trend",
             last / first if first else None,
@@ -188,13 +206,14 @@ def turns(ctx: Context) -> list[Finding]:
 
 @analyzer("solution_diversity", "behavior")
 def solution_diversity(ctx: Context) -> Finding | None:
-    """1 - mean pairwise Jaccard similarity of the edited-file sets within a group (< 15% warning)."""
+    """1 - mean pairwise Jaccard similarity of the edited-file sets within a group (warning below
+    the `SOLUTION_DIVERSITY` line)."""
     f = _features(ctx)
     if f is None:
         return None
     # Edited-file sets become bit masks over the run's files (one bit per distinct file), so each
     # of the 28 pairs of a group of 8 costs two popcounts instead of three list operations.
-    if len(ctx.params["files"]) <= 64:
+    if len(ctx.params["files"]) <= MASK_BITS:
         (similarity,) = ctx.q1(
             f"""
             SELECT avg(CASE WHEN (a.edit_mask | b.edit_mask) = 0 THEN 1.0
@@ -203,7 +222,7 @@ def solution_diversity(ctx: Context) -> Finding | None:
               ON a.step = b.step AND a.group_id = b.group_id AND a.sample_idx < b.sample_idx
             """
         )
-    else:  # too many files for a 64-bit mask: compare the sets themselves
+    else:  # too many files for a mask: compare the sets themselves
         (similarity,) = ctx.q1(
             f"""
             WITH s AS (
@@ -222,9 +241,8 @@ def solution_diversity(ctx: Context) -> Finding | None:
     return Finding(
         "behavior.solution_diversity",
         diversity,
-        severity_below(diversity, 0.15),
-        f"solution diversity {diversity:.2f} (1 - mean pairwise Jaccard of edited files)",
-        threshold=0.15,
+        explanation=f"solution diversity {diversity:.2f} (1 - mean pairwise Jaccard of edited files)",
+        **SOLUTION_DIVERSITY.grade(diversity),
     )
 
 
@@ -303,7 +321,8 @@ def behavior_by_outcome(ctx: Context) -> list[Finding]:
 
 @analyzer("format", "behavior")
 def format_violations(ctx: Context) -> Finding | None:
-    """Share of train completions failing the domain's format check (warning > 20%)."""
+    """Share of train completions failing the domain's format check (warning above the
+    `FORMAT_VIOLATIONS` line)."""
     row = ctx.q1(
         """SELECT avg((reward_components['format'] = 0)::INT) FROM rollouts
            WHERE run_id = $run AND split = 'train' AND reward_components['format'] IS NOT NULL"""
@@ -313,10 +332,9 @@ def format_violations(ctx: Context) -> Finding | None:
     return Finding(
         "behavior.format_violation_rate",
         row[0],
-        severity_above(row[0], 0.2),
-        f"{row[0]:.1%} of completions fail the format check",
-        threshold=0.2,
+        explanation=f"{row[0]:.1%} of completions fail the format check",
         rollouts=ctx.example_rollouts("reward_components['format'] = 0"),
+        **FORMAT_VIOLATIONS.grade(row[0]),
     )
 
 

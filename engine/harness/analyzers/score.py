@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.harness.base import Context, Finding, analyzer
+from engine.harness.thresholds import SUBSET_MIN_TASKS
 from engine.verdict import BOOTSTRAP_SAMPLES
 
 PRIMARY = "correctness"
@@ -47,7 +48,8 @@ def val_score(ctx: Context) -> list[Finding]:
 
 @analyzer("subsets", "score")
 def subsets(ctx: Context) -> list[Finding]:
-    """Greedy val correctness per subset (e.g. problem size); a subset never solved is a warning."""
+    """Greedy val correctness per subset (e.g. problem size); a subset never solved over at least
+    `SUBSET_MIN_TASKS` tasks is a warning."""
     rows = ctx.q(
         """
         SELECT subset, avg(reward_components[$primary]), count(*)
@@ -62,7 +64,7 @@ def subsets(ctx: Context) -> list[Finding]:
         Finding(
             f"score.subset.{subset}",
             acc,
-            "warning" if acc == 0 and n >= 10 else "info",
+            SUBSET_MIN_TASKS.severity(n) if acc == 0 else "info",
             f"{subset}: {acc:.3f} on {n} tasks",
         )
         for subset, acc, n in rows

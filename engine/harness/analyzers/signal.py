@@ -1,20 +1,31 @@
 """Signal layer: is there a learning signal, and what is the optimizer doing with it?
 
-Thresholds are the defaults of the public EvoTrainer playbook.
+Every line a finding is graded against is an entry of `engine.harness.thresholds` (most are the
+defaults of the public EvoTrainer playbook), the one the rules read too.
 """
 
 from __future__ import annotations
 
 from engine.domains.judge import FALLBACK_RATIO, FALLBACKS_PREFIX
-from engine.grpo import DEAD_STD, MIN_KEEP_RATIO
-from engine.harness.base import Context, Finding, analyzer, severity_above, severity_below
+from engine.grpo import DEAD_STD
+from engine.harness.base import Context, Finding, analyzer
+from engine.harness.thresholds import (
+    CLIP_RATIO,
+    DEAD_GROUPS,
+    ENTROPY_RATIO,
+    FILTER_KEEP_RATIO,
+    JUDGE_FALLBACKS,
+    KL_SPIKE,
+    LENGTH_REWARD_CORR,
+    LOSS_AT_ZERO,
+    REWARD_MODE_SHARE,
+    REWARD_SPREAD,
+    TRUNCATION,
+)
 
-#: Share of dead groups (over the run's last window) that is a warning, and that is critical.
-DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL = 0.3, 0.5
-
-#: Above this share of episodes scored by the offline rubric instead of Claude, the `judge`
-#: reward is a mix of two judges' scales, and the run did not train on the judge it configured.
-JUDGE_FALLBACK_WARNING = 0.1
+#: The dead-group line as a number, for the coach's proposals (`engine.coach.interventions`
+#: sizes a group to bring the predicted dead share under it); the table's entry is the definition.
+DEAD_GROUPS_WARNING = DEAD_GROUPS.value
 
 _GROUPS = f"""
     WITH g AS (
@@ -43,33 +54,26 @@ def dead_groups(ctx: Context) -> list[Finding]:
         Finding(
             "signal.dead_group_ratio",
             overall,
-            severity_above(recent, DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL),
-            f"{overall:.0%} of {n_groups} groups had no reward spread (last window {recent:.0%})",
-            threshold=DEAD_GROUPS_WARNING,
+            explanation=f"{overall:.0%} of {n_groups} groups had no reward spread (last window {recent:.0%})",
             steps=tuple(r[0] for r in worst),
             rollouts=tuple(r[0] for r in examples),
+            **DEAD_GROUPS.grade(recent),
         ),
-        Finding(
-            "signal.dead_group_ratio_recent",
-            recent,
-            severity_above(recent, DEAD_GROUPS_WARNING, DEAD_GROUPS_CRITICAL),
-            threshold=DEAD_GROUPS_WARNING,
-        ),
+        Finding("signal.dead_group_ratio_recent", recent, **DEAD_GROUPS.grade(recent)),
     ]
 
 
 @analyzer("reward_spread", "signal")
 def reward_spread(ctx: Context) -> Finding | None:
-    """Mean within-group reward std (warning below 0.05)."""
+    """Mean within-group reward std (warning below the `REWARD_SPREAD` line)."""
     (spread,) = ctx.q1(_GROUPS + "SELECT avg(spread) FROM g") or (None,)
     if spread is None:
         return None
     return Finding(
         "signal.reward_spread",
         spread,
-        severity_below(spread, 0.05),
-        f"mean within-group reward std {spread:.3f}",
-        threshold=0.05,
+        explanation=f"mean within-group reward std {spread:.3f}",
+        **REWARD_SPREAD.grade(spread),
     )
 
 
@@ -106,9 +110,8 @@ def reward_components(ctx: Context) -> list[Finding]:
             Finding(
                 "signal.reward_mode_share",
                 mode[0],
-                severity_above(mode[0], 0.8),
-                f"{mode[0]:.0%} of train rollouts have the same total reward ({mode[1]:g})",
-                threshold=0.8,
+                explanation=f"{mode[0]:.0%} of train rollouts have the same total reward ({mode[1]:g})",
+                **REWARD_MODE_SHARE.grade(mode[0]),
             )
         )
     return out
@@ -117,7 +120,7 @@ def reward_components(ctx: Context) -> list[Finding]:
 @analyzer("judge_fallbacks", "signal")
 def judge_fallbacks(ctx: Context) -> Finding | None:
     """Share of episodes the Claude judge could not score, so the offline rubric scored them
-    instead (warning above JUDGE_FALLBACK_WARNING), with the kinds of failure. Only runs whose
+    instead (warning above the `JUDGE_FALLBACKS` line), with the kinds of failure. Only runs whose
     reward weighs the Claude judge log it."""
     ratio, n_steps, worst = ctx.q1(
         """SELECT avg(value), count(*), max_by(step, value, 5) FILTER (WHERE value > 0) FROM metrics
@@ -135,17 +138,16 @@ def judge_fallbacks(ctx: Context) -> Finding | None:
     return Finding(
         "signal.judge_fallback_ratio",
         ratio,
-        severity_above(ratio, JUDGE_FALLBACK_WARNING),
-        f"the Claude judge could not score {ratio:.0%} of episodes (mean of {n_steps} steps); the offline "
-        f"rubric scored them instead ({why})",
-        threshold=JUDGE_FALLBACK_WARNING,
+        explanation=f"the Claude judge could not score {ratio:.0%} of episodes (mean of {n_steps} steps); the "
+        f"offline rubric scored them instead ({why})",
         steps=tuple(sorted(worst or ())),
+        **JUDGE_FALLBACKS.grade(ratio),
     )
 
 
 @analyzer("truncation", "signal")
 def truncation(ctx: Context) -> Finding | None:
-    """Share of train completions cut by max_completion_length (warning > 15%, critical > 30%)."""
+    """Share of train completions cut by max_completion_length, graded on the last window (`TRUNCATION`)."""
     rate, recent = ctx.q1(
         """
         SELECT avg(truncated::INT),
@@ -159,17 +161,16 @@ def truncation(ctx: Context) -> Finding | None:
     return Finding(
         "signal.truncation_rate",
         rate,
-        severity_above(recent, 0.15, 0.30),
-        f"{rate:.1%} of completions truncated (last window {recent:.1%})",
-        threshold=0.15,
+        explanation=f"{rate:.1%} of completions truncated (last window {recent:.1%})",
         rollouts=ctx.example_rollouts("truncated"),
+        **TRUNCATION.grade(recent),
     )
 
 
 @analyzer("length_dynamics", "signal")
 def length_dynamics(ctx: Context) -> list[Finding]:
     """Completion length: P50/P90, first vs last window, and its correlation with reward
-    (corr > 0.3 = the policy may be paid for length)."""
+    (above the `LENGTH_REWARD_CORR` line, the policy may be paid for length)."""
     row = ctx.q1(
         """
         WITH r AS (SELECT * FROM rollouts WHERE run_id = $run AND split = 'train'),
@@ -196,9 +197,8 @@ def length_dynamics(ctx: Context) -> list[Finding]:
         Finding(
             "signal.length_reward_corr",
             corr,
-            severity_above(corr, 0.3),
-            f"corr(length, reward) = {corr:.2f}" if corr is not None else "length or reward constant",
-            threshold=0.3,
+            explanation=f"corr(length, reward) = {corr:.2f}" if corr is not None else "length or reward constant",
+            **LENGTH_REWARD_CORR.grade(corr),
         ),
     ]
 
@@ -221,9 +221,10 @@ def optimizer(ctx: Context) -> list[Finding]:
             Finding(
                 "signal.entropy_ratio",
                 ratio,
-                severity_below(ratio, 0.5, 0.2),
-                f"entropy {first:.3f} -> {last:.3f} (first -> last window)" if first and last is not None else "",
-                threshold=0.5,
+                explanation=f"entropy {first:.3f} -> {last:.3f} (first -> last window)"
+                if first and last is not None
+                else "",
+                **ENTROPY_RATIO.grade(ratio),
             )
         )
     if "kl" in keys:
@@ -237,15 +238,16 @@ def optimizer(ctx: Context) -> list[Finding]:
             Finding(
                 "signal.kl_spike",
                 ratio,
-                severity_above(ratio, 5.0),
-                f"KL peaks at {peak:.4f} (step {at}), {ratio:.1f}x its median" if ratio else "KL flat",
-                threshold=5.0,
+                explanation=f"KL peaks at {peak:.4f} (step {at}), {ratio:.1f}x its median" if ratio else "KL flat",
                 steps=(at,) if at is not None else (),
+                **KL_SPIKE.grade(ratio),
             )
         )
     if "clip_ratio/region_mean" in keys:
         (clip,) = ctx.q1("SELECT avg(value) FROM metrics WHERE run_id = $run AND key = 'clip_ratio/region_mean'")
-        out.append(Finding("signal.clip_ratio", clip, severity_above(clip, 0.2), f"mean clipped share {clip:.3f}", 0.2))
+        out.append(
+            Finding("signal.clip_ratio", clip, explanation=f"mean clipped share {clip:.3f}", **CLIP_RATIO.grade(clip))
+        )
     if "loss" in keys:
         # Dead training: the last window's loss and gradient are both zero.
         stuck = ctx.q1(
@@ -256,7 +258,7 @@ def optimizer(ctx: Context) -> list[Finding]:
             """
         )
         loss, grad = stuck
-        dead = loss is not None and loss < 1e-8 and (grad is None or grad < 1e-8)
+        dead = LOSS_AT_ZERO.crossed(loss) and (grad is None or LOSS_AT_ZERO.crossed(grad))
         out.append(
             Finding(
                 "signal.loss_stuck_at_zero",
@@ -275,9 +277,8 @@ def optimizer(ctx: Context) -> list[Finding]:
             Finding(
                 "signal.filter_keep_ratio",
                 keep,
-                severity_below(keep, MIN_KEEP_RATIO),
-                f"the group filter kept {keep:.0%} of groups",
-                threshold=MIN_KEEP_RATIO,
+                explanation=f"the group filter kept {keep:.0%} of groups",
+                **FILTER_KEEP_RATIO.grade(keep),
             )
         )
     return out

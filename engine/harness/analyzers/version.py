@@ -20,7 +20,9 @@ LATEST_EVALUATED_RUNS = """
 @analyzer("lineage", "version")
 def lineage(ctx: Context) -> list[Finding]:
     """Deltas to the parent and to the best promoted version, consecutive failures along the
-    lineage (2: gates switch on, 3: escalate), and the intervention kinds tried so far."""
+    lineage (graded against the workspace's own ``[coach]`` gates_after_failures, a warning, and
+    escalate_after, critical: the counts at which the coach forces gates and escalates), and the
+    intervention kinds tried so far."""
     v = ctx.version
     out: list[Finding] = []
     scores = ctx.q(
@@ -43,13 +45,14 @@ def lineage(ctx: Context) -> list[Finding]:
     ):
         streak += 1
         name = by_name[name][0]
+    escalate, gates = ctx.config.coach.escalate_after, ctx.config.coach.gates_after_failures
     out.append(
         Finding(
             "version.consecutive_failures",
             float(streak),
-            "critical" if streak >= 3 else "warning" if streak >= 2 else "info",
+            "critical" if streak >= escalate else "warning" if streak >= gates else "info",
             f"{streak} consecutive version(s) without improvement in this lineage",
-            threshold=2.0,
+            threshold=float(gates),
         )
     )
     kinds = ctx.q("SELECT i.kind, count(*) FROM interventions i JOIN versions v ON v.intervention_id = i.id GROUP BY 1")
