@@ -25,7 +25,6 @@ from engine.runs import forkserver, lock
 from engine.runs.artifacts import EVENTS_FILE, LOG_FILE, read_events, run_outcome
 from engine.runs.runner import ForkedWorker, LocalRunner, LocalWorker
 from engine.runs.spec import RunSpec
-from engine.runs.worker import EXIT_LOCKED
 from engine.workspace import template_dir
 from tests.conftest import tiny_toml, until
 
@@ -112,12 +111,12 @@ def test_a_run_is_forked_by_the_warm_server_and_ends_as_it_would(tmp_path: Path)
 
 def test_exit_codes_reach_the_engine_as_a_subprocesss_would(tmp_path: Path) -> None:
     runner = LocalRunner(extra_env=ONE_THREAD)
-    # Another worker holds the run: the worker's EXIT_LOCKED.
+    # Another worker holds the run: the worker's lock.EXIT_LOCKED.
     locked = make_run(tmp_path, "locked")
     held = lock.acquire(locked)
     try:
         handle = runner.start(locked)
-        assert isinstance(handle, ForkedWorker) and handle.wait(timeout=120) == EXIT_LOCKED
+        assert isinstance(handle, ForkedWorker) and handle.wait(timeout=120) == lock.EXIT_LOCKED
     finally:
         held.close()
     # A run that fails (an evaluation of a model that is not there): 1, with its error event.

@@ -37,7 +37,7 @@ from engine.coach.loop import Coach, CoachEvent
 from engine.coach.memory import Memory
 from engine.coach.skills import SkillLibrary
 from engine.config import GroupFilterConfig
-from engine.core import Engine, RunUpdate, best_version
+from engine.core import Engine, Judge, RunUpdate, best_version
 from engine.domains import make_domain
 from engine.harness.backtest import filter_backtest, reward_backtest, store_backtest, validate_analyzer
 from engine.harness.health import build_report
@@ -199,7 +199,8 @@ class Service:
     def do_diagnosis(self, p: VersionParams) -> dict[str, Any] | None:
         return queries.diagnosis(self.store, p.version)
 
-    def _view(self) -> Engine:
+    def _view(self) -> Judge:
+        """A judge of this thread's own: its cursor, its own version tree, no runner."""
         return self.engine.view(self.store)
 
     def do_diagnose(self, p: VersionParams) -> dict[str, Any]:
@@ -228,7 +229,7 @@ class Service:
     def do_report(self, p: ReportParams) -> dict[str, Any]:
         view = self._view()
         try:
-            primary = view.version_config(p.version).eval.primary
+            primary = view.reader.version_config(p.version).eval.primary
             return build_report(self.store, p.version, view.diagnose_version(p.version), p.against, primary)
         except (ValueError, VersionTreeError) as exc:
             raise ProtocolError("not_found", str(exc)) from None
@@ -258,10 +259,10 @@ class Service:
                 }
             if not p.version:
                 raise ProtocolError("bad_request", f"a {p.kind} backtest needs `version`")
-            run = view.latest_run(p.version)
+            run = view.reader.latest_run(p.version)
             result: Any
             if p.kind == "reward":
-                domain = make_domain(view.version_config(p.version).domain, self.engine.workspace.root)
+                domain = make_domain(view.reader.version_config(p.version).domain, self.engine.workspace.root)
                 result = reward_backtest(self.store, run.id, p.weights, domain)
                 params: dict[str, Any] = {"weights": p.weights}
             else:

@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import IO
 
 LOCK_FILE = "worker.lock"
+#: The exit code of a worker that found another worker holding its run (it did nothing). The
+#: engine re-attaches to the holder (`engine.core.following`); it is no crash of the run.
+EXIT_LOCKED = 75
 
 
 class RunLocked(RuntimeError):

@@ -151,10 +151,12 @@ class LocalRunner:
 
 
 class AttachedWorker:
-    """A live worker this engine did not start (its engine stopped or died): it is followed
-    through the lock it holds on its run, and ended with its event log."""
+    """A live worker this engine did not start (its engine stopped or died, or it took the run
+    before this engine's worker could): it is followed through the lock it holds on its run, and
+    ended with its event log. Its pid is None when not known (the lock file does not say it yet,
+    or the holder let go already)."""
 
-    def __init__(self, run_dir: Path, pid: int, poll_seconds: float = 0.2):
+    def __init__(self, run_dir: Path, pid: int | None, poll_seconds: float = 0.2):
         self.run_dir = run_dir
         self.pid: int | None = pid
         self.poll_seconds = poll_seconds
