@@ -12,7 +12,9 @@ import pytest
 
 from engine.coach.loop import proposed_decision
 from engine.config import CollapseGuardConfig, RecipeConfig
+from engine.runs import checkpoint_state
 from engine.runs.artifacts import EVENTS_FILE, EventLog, RolloutBatch, read_events
+from engine.runs.group_filter import GroupFilter
 from engine.runs.guard import CollapseGuard, StepStats, step_stats
 from engine.runs.ingest import ingest_run
 from engine.runs.worker import _GuardCallback
@@ -59,6 +61,31 @@ def test_the_guard_at_its_edges(shares: list[float], correct: list[float], enabl
     assert reasons[:-1] == [None] * (len(shares) - 1)
 
 
+def test_a_guard_restored_from_its_state_goes_on_as_if_never_stopped(tmp_path: Path) -> None:
+    config = CollapseGuardConfig(one_step_share=0.3, window=2)
+    shares = [0.0, 0.1, 0.0, 0.2, 0.4, 0.6, 0.6]
+    whole = CollapseGuard(config)
+    reasons = [whole.observe(stats(s)) for s in shares]
+    stop = next(i for i, r in enumerate(reasons) if r is not None)
+    group_filter = GroupFilter(1e-3, ema=0.5)
+    group_filter.keep(np.array([0.0, 0.5, 1.0]))
+    for cut in range(len(shares) + 1):  # a checkpoint after `cut` steps, through its file
+        first = CollapseGuard(config)
+        for s in shares[:cut]:
+            first.observe(stats(s))
+        checkpoint_state.save(tmp_path / f"{cut}.json", cut, first, group_filter)
+        resumed, resumed_filter = CollapseGuard(config), GroupFilter(1e-3, ema=0.5)
+        assert checkpoint_state.restore(tmp_path / f"{cut}.json", cut, resumed, resumed_filter)
+        assert resumed == first and resumed_filter.threshold == group_filter.threshold
+        assert [resumed.observe(stats(s)) for s in shares[cut:]] == reasons[cut:]
+        assert resumed.stopped == reasons[stop]
+    # Once stopped, a guard stays stopped with its reason.
+    assert whole.observe(stats(0.0)) == reasons[stop] == whole.stopped
+    with pytest.raises(ValueError, match="saved at step 3 but its checkpoint is step 4"):
+        checkpoint_state.restore(tmp_path / "3.json", 4, CollapseGuard(config), None)
+    assert not checkpoint_state.restore(tmp_path / "none.json", 3, CollapseGuard(config), None)  # an older checkpoint
+
+
 def _batch(step: int, turns: list[int], correct: list[float]) -> RolloutBatch:
     batch = RolloutBatch(run_id="v1-train-1", step=step, split="train", decoding="sampled")
     batch.num_turns += turns
@@ -72,15 +99,19 @@ def test_the_worker_callback_ends_training_with_a_stopped_event(tmp_path: Path) 
     recorder = SimpleNamespace(agentic=True, last_batch=None)
     events = EventLog(tmp_path / EVENTS_FILE)
     callback = _GuardCallback(recipe, recorder, events)  # type: ignore[arg-type]
-    control = SimpleNamespace(should_training_stop=False)
+    control = SimpleNamespace(should_training_stop=False, should_save=False)
     recorder.last_batch = _batch(1, [4, 5, 1, 6], [0.0, 1.0, 0.0, 0.0])  # 1 of 4 in one turn
     callback.on_step_end(None, SimpleNamespace(global_step=1), control)
     callback.on_step_end(None, SimpleNamespace(global_step=2), control)  # same batch: not counted again
     assert not control.should_training_stop and len(callback.guard.history) == 1
     recorder.last_batch = _batch(2, [1, 1, 1, 6], [0.0, 0.0, 0.0, 0.0])  # 3 of 4
     callback.on_step_end(None, SimpleNamespace(global_step=3), control)
+    # It stops, and has this step saved (which keeps the stop); the event comes once that is done.
+    assert control.should_training_stop and control.should_save
+    assert not [e for e in read_events(tmp_path / EVENTS_FILE, 0)[0] if e["type"] == "stopped"]
+    callback.on_save(None, SimpleNamespace(global_step=3), control)
+    callback.on_save(None, SimpleNamespace(global_step=3), control)  # said once
     events.close()
-    assert control.should_training_stop
     (stopped,) = [e for e in read_events(tmp_path / EVENTS_FILE, 0)[0] if e["type"] == "stopped"]
     assert stopped["step"] == 3 and "25% -> 75%" in stopped["reason"]
 

@@ -1,9 +1,13 @@
 """The dead-group aware group filter, shared by training (the worker) and the filter backtest, so
-that a backtest predicts exactly what a run with the same settings would keep."""
+that a backtest predicts exactly what a run with the same settings would keep.
+
+The EMA threshold is part of each checkpoint (`state` / `restore`): a resumed run goes on from
+the threshold it had at its checkpoint's step, as an uninterrupted run would."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +33,13 @@ class GroupFilter:
         if not cfg.enabled:
             return None
         return cls(cfg.std_threshold, cfg.keep_ratio if cfg.keep_ratio < 1 else None, cfg.ema or None)
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the filter (JSON): the threshold the EMA has reached."""
+        return {"threshold": self.threshold}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.threshold = float(state["threshold"])
 
     def keep(self, spreads: np.ndarray) -> np.ndarray:
         """A boolean mask over one step's groups; updates the EMA threshold."""

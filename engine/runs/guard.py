@@ -6,12 +6,17 @@ in the train rollouts themselves, long before an evaluation: episodes ending aft
 become common while correctness does not rise. The guard watches each step's episodes and says
 why it would stop; the worker then ends training, and the coach rejects the version with the
 rest of its steps unspent.
+
+The guard's history and its stop are part of each checkpoint (`state` / `restore`,
+`engine.runs.checkpoint_state`): a worker resumed from a checkpoint goes on with the windows it
+had at that step, and a run the guard stopped stays stopped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
+from typing import Any
 
 from engine.config import CollapseGuardConfig
 
@@ -39,10 +44,26 @@ def step_stats(
 class CollapseGuard:
     config: CollapseGuardConfig
     history: list[StepStats] = field(default_factory=list)
+    #: Why the guard stopped the run (None while it has not): a stop is final, also across a resume.
+    stopped: str | None = None
 
     def observe(self, stats: StepStats) -> str | None:
-        """Record one step; the reason to stop now, or None."""
+        """Record one step; the reason to stop now (once stopped, always that one), or None."""
         self.history.append(stats)
+        if self.stopped is None:
+            self.stopped = self._reason()
+        return self.stopped
+
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the guard (JSON): every step's stats so far, and its stop."""
+        return {"history": [list(astuple(s)) for s in self.history], "stopped": self.stopped}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Back to the point `state` was taken at (a resumed run's checkpoint)."""
+        self.history = [StepStats(*row) for row in state["history"]]
+        self.stopped = state["stopped"]
+
+    def _reason(self) -> str | None:
         w = self.config.window
         if not self.config.enabled or len(self.history) < 2 * w:
             return None

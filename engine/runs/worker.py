@@ -21,11 +21,12 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
 
 from engine import faults
-from engine.config import DataConfig, RecipeConfig
+from engine.config import CollapseGuardConfig, DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
 from engine.policy.pretrained import (
     PromptFormat,
@@ -38,7 +39,7 @@ from engine.policy.pretrained import (
 )
 from engine.policy.sampler import generate_ids, plain_sampling, supports
 from engine.policy.tiny import build_tiny_policy, warmup_policy
-from engine.runs import lock
+from engine.runs import checkpoint_state, lock
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
 from engine.runs.evaluate import evaluate, sample_groups
 from engine.runs.group_filter import GroupFilter
@@ -49,8 +50,6 @@ from engine.runs.spec import RunSpec
 
 #: Where TRL keeps the run's checkpoints (``checkpoint-STEP``), the points a relaunched worker resumes from.
 TRAINER_DIR = "trainer"
-#: The exit code of a worker that found another worker holding its run (it did nothing).
-EXIT_LOCKED = 75
 
 
 def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any, tokenizer: Any, step: int) -> None:
@@ -199,7 +198,7 @@ def grpo_dataset(domain: Domain, data: DataConfig, fmt: PromptFormat | None = No
     )
 
 
-def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTrainer:
+def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> FilteringGRPOTrainer:
     """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
     assert spec.model_in is not None
     cfg = spec.config
@@ -213,7 +212,8 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
     recorder = RolloutRecorder(
         spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
     )
-    trainer = FilteringGRPOTrainer(
+    guard = _GuardCallback(recipe, recorder, events)
+    return FilteringGRPOTrainer(
         model=model,
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
@@ -227,26 +227,56 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> GRPOTr
         ),
         train_dataset=grpo_dataset(domain, cfg.data, fmt),
         peft_config=lora,
-        callbacks=[_EventCallback(spec, run_dir, events, tokenizer), _GuardCallback(recipe, recorder, events)],
+        callbacks=[_EventCallback(spec, run_dir, events, tokenizer), guard],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
         if recorder.agentic
         else None,
+        group_filter=GroupFilter.from_config(recipe.group_filter),
+        recorder=recorder,
+        guard=guard.guard,
     )
-    trainer.group_filter = GroupFilter.from_config(recipe.group_filter)
-    trainer.recorder = recorder
-    return trainer
 
 
 class FilteringGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with the dead-group aware group filter: after TRL scores a generation
     batch, the completions of dropped groups leave the loss mask (and the token count that
-    normalizes the loss), so they neither move the policy nor dilute the groups that do."""
+    normalizes the loss), so they neither move the policy nor dilute the groups that do.
 
-    group_filter: GroupFilter | None = None
-    recorder: RolloutRecorder | None = None
+    Each checkpoint also keeps the filter's and the collapse guard's state at its step
+    (`engine.runs.checkpoint_state`), and `restore_checkpoint_state` puts it back on resume."""
+
     #: The rows of the batch being generated: a `rollout_func` gets only prompts from TRL.
     current_inputs: list[dict[str, Any]] = []
+
+    def __init__(
+        self,
+        *args: Any,
+        group_filter: GroupFilter | None = None,
+        recorder: RolloutRecorder | None = None,
+        guard: CollapseGuard | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.group_filter = group_filter
+        self.recorder = recorder
+        self.guard = guard if guard is not None else CollapseGuard(CollapseGuardConfig(enabled=False))
+
+    def _state_file(self, checkpoint: Path) -> Path:
+        return checkpoint_state.state_file(checkpoint, self.args.process_index, self.args.world_size)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        # First, so that it is in every checkpoint transformers marks whole: it writes
+        # `trainer_state.json` last (see `last_checkpoint`).
+        folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        checkpoint_state.save(self._state_file(folder), self.state.global_step, self.guard, self.group_filter)
+        super()._save_checkpoint(model, trial)
+
+    def restore_checkpoint_state(self, checkpoint: Path) -> None:
+        """The filter and the guard as they were at `checkpoint`'s step; the steps after it are
+        replayed and observed again."""
+        step = int(checkpoint.name.rpartition("-")[2])
+        checkpoint_state.restore(self._state_file(checkpoint), step, self.guard, self.group_filter)
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         self.current_inputs = inputs
@@ -341,7 +371,8 @@ class _EventCallback(TrainerCallback):
 
 class _GuardCallback(TrainerCallback):
     """The collapse guard on each step's train episodes (multi-turn domains): ends training
-    early, with a `stopped` event that says why."""
+    early, saves a checkpoint at the step it stopped at (which keeps the stop), then writes a
+    `stopped` event that says why."""
 
     def __init__(self, recipe: RecipeConfig, recorder: RolloutRecorder, events: EventLog):
         self.guard = CollapseGuard(recipe.collapse_guard)
@@ -349,6 +380,7 @@ class _GuardCallback(TrainerCallback):
         self.recorder = recorder
         self.events = events
         self.seen: int | None = None
+        self.announced = False
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         batch = self.recorder.last_batch
@@ -356,10 +388,17 @@ class _GuardCallback(TrainerCallback):
             return
         self.seen = batch.step
         correct = [c.get("correctness", 0.0) for c in batch.reward_components]
-        reason = self.guard.observe(step_stats(batch.num_turns, correct, batch.completion, self.group))
-        if reason is not None:
-            self.events.write("stopped", step=state.global_step, reason=reason)
+        if self.guard.observe(step_stats(batch.num_turns, correct, batch.completion, self.group)) is not None:
             control.should_training_stop = True
+            control.should_save = True  # whatever `save_every` says: the stop is kept with this step's weights
+
+    def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+        # Only once the checkpoint that keeps the stop is whole: a worker killed before then
+        # resumes from an earlier checkpoint and replays, so the engine never records a stop
+        # that its run has not kept.
+        if self.guard.stopped is not None and not self.announced:
+            self.events.write("stopped", step=state.global_step, reason=self.guard.stopped)
+            self.announced = True
 
 
 def last_checkpoint(trainer_dir: Path) -> Path | None:
@@ -375,16 +414,23 @@ def last_checkpoint(trainer_dir: Path) -> Path | None:
 
 def run_train(spec: RunSpec, run_dir: Path, events: EventLog, resuming: bool = False) -> None:
     """GRPO from the spec's checkpoint; a relaunched worker (`resuming`) goes on from TRL's latest
-    checkpoint of this run, and says from which step in a `resume` event (-1: from the start)."""
+    checkpoint of this run, with the collapse guard and the group filter as they were at its step,
+    and says from which step in a `resume` event (-1: from the start). A run the guard stopped
+    stays stopped: it goes on to the evaluation, and says again why it stopped."""
     assert spec.model_in is not None and spec.model_out is not None
     # Every rank resumes from the same checkpoint (a fresh run has none); rank 0 says so.
     checkpoint = last_checkpoint(run_dir / TRAINER_DIR)
     step = int(checkpoint.name.rpartition("-")[2]) if checkpoint else -1
-    final = step >= spec.config.recipe.steps
+    trainer = build_grpo_trainer(spec, run_dir, events)
+    if checkpoint is not None:
+        trainer.restore_checkpoint_state(checkpoint)
+    stopped = trainer.guard.stopped
+    final = step >= spec.config.recipe.steps or stopped is not None
     if resuming:
         events.write("resume", step=step, final=final)
-    trainer = build_grpo_trainer(spec, run_dir, events)
-    if final:  # trained to the end before: the weights, and on to the evaluation
+    if final:  # trained to the end before, or stopped: the weights, and on to the evaluation
+        if stopped is not None:  # the worker may have died between the stop's checkpoint and its event
+            events.write("stopped", step=step, reason=stopped)
         trainer._load_from_checkpoint(str(checkpoint))
     else:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -422,7 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         held = lock.acquire(run_dir) if main_rank else None  # noqa: F841 - held until this process exits
     except lock.RunLocked as exc:
         print(f"{exc}: not starting a second one", file=sys.stderr)
-        return EXIT_LOCKED
+        return lock.EXIT_LOCKED
     # An earlier worker of this run was stopped before its end: its events stand (the engine may
     # have ingested them); what this one redoes is announced by a `resume` event.
     path = run_dir / EVENTS_FILE
