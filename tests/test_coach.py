@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import git
 import numpy as np
+import pydantic
 import pytest
 import tomli_w
 
@@ -30,7 +31,7 @@ from engine.coach.gates import Answer, GateError, Gates, auto_approve
 from engine.coach.interventions import TEMPLATES, Facts, Intervention, InterventionError, apply, check, run_facts
 from engine.coach.loop import Coach, WaitingAtGate, proposed_decision
 from engine.coach.memory import Memory, failure_signature
-from engine.coach.rounds import Branch, Round
+from engine.coach.rounds import Branch, Round, Rounds
 from engine.config import CONFIG_FILE, DataConfig, parse_config
 from engine.core import Engine, VersionPlan
 from engine.harness.base import Finding, RuleResult, Severity
@@ -524,15 +525,16 @@ def engine(tiny_workspace: Workspace) -> Engine:
     engine.close()
 
 
-def without_control(coach: Coach) -> Coach:
-    """The coach of a workspace with `[coach] control = false`."""
-    coach.config = coach.config.model_copy(update={"coach": coach.config.coach.model_copy(update={"control": False})})
-    return coach
+def without_control(engine: Engine) -> Engine:
+    """The engine of a workspace with `[coach] control = false` (a coach reads its config at start)."""
+    coach = engine.config.coach.model_copy(update={"control": False})
+    engine.config = engine.config.model_copy(update={"coach": coach})
+    return engine
 
 
 def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Engine) -> None:
     # Without a control (`[coach] control = false`) a promotion's card is credited against the parent.
-    coach = without_control(Coach(engine, answer=auto_approve))
+    coach = Coach(without_control(engine), answer=auto_approve)
     iv = TEMPLATES["continuous_correctness"].propose(engine.version_config("v0"), ["rule:insufficient_signal"])
     assert iv is not None
     child(engine, "v1", iv)
@@ -541,9 +543,10 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     before = (rng.random(100) < 0.3).astype(float)
     after = np.maximum(before, (rng.random(100) < 0.5).astype(float))
     rnd = coach.rounds.open("v0", "offline", "full", False)
-    rnd.branches = [Branch(intervention=iv, text="", change={}, title=iv.title(), version="v1")]
-    coach._settle(rnd, rnd.branches[0], parent_diagnosis, verdict_from(before, after), "promoted", "gain")
-    assert coach.rounds.get(rnd.id).branches[0].done
+    branch = Branch(intervention=iv, text="", change={}, title=iv.title(), version="v1")
+    rnd = coach.rounds.propose(rnd, [branch], None)
+    settled = coach.settler.settle(rnd, 0, parent_diagnosis, verdict_from(before, after), "promoted", "gain")
+    assert settled.branches[0].done and coach.rounds.get(rnd.id) == settled
 
     (card,) = coach.skills.load()
     assert card.trigger == ["insufficient_signal"] and card.intervention["template"] == "continuous_correctness"
@@ -557,6 +560,36 @@ def test_a_success_becomes_a_skill_that_a_matching_trigger_retrieves(engine: Eng
     ctx, _ = coach.planner.context(coach.rounds.open("v1", "offline", "full", False), parent_diagnosis, 2)
     assert [s["id"] for s in ctx.skills] == [card.id]
     assert coach.skills.match(["truncation"], "math") == []
+
+
+def test_a_round_is_a_value_and_each_transition_stores_and_returns_the_next_one(engine: Engine) -> None:
+    """Forgetting to save a round is impossible: a transition returns a new round that is already the
+    stored one, the round it was given stays as it was, and neither a round nor a branch can be edited."""
+    rounds = Rounds(engine.store)
+    opened = rounds.open("v0", "offline", "full", False)
+    iv = Intervention(kind="optimizer", changes={"recipe.temperature": 1.2}, hypothesis="h")
+    proposed = rounds.propose(opened, [Branch(intervention=iv, text="", change={}, title=iv.title())], "why")
+    assert rounds.get(opened.id) == proposed and proposed.rationale == "why" and len(proposed.branches) == 1
+    designed = rounds.advance(proposed, "backtest")
+    dropped = rounds.update_branch(designed, 0, dropped="contradicted by its backtest")
+    assert rounds.get(opened.id) == dropped and dropped.stage == "backtest"
+    assert dropped.branches[0].dropped == "contradicted by its backtest"
+    # The values the transitions were given are unchanged.
+    assert (opened.stage, opened.branches, opened.rationale) == ("diagnosis", (), None)
+    assert proposed.stage == "diagnosis" and designed.branches[0].dropped is None
+    ended = rounds.end(dropped)
+    assert (ended.state, ended.stage) == ("done", "done") and dropped.state == "open"
+    assert rounds.current() is None and rounds.get(opened.id) == ended
+    # Edited in place, a round or a branch raises; so does a field a branch does not have.
+    with pytest.raises(FrozenInstanceError):
+        dropped.stage = "run"  # type: ignore[misc]
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        dropped.branches[0].done = True  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        dropped.branches.append(dropped.branches[0])  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="no field versoin"):
+        rounds.update_branch(dropped, 0, versoin="v1")
+    assert rounds.get(opened.id) == ended
 
 
 def test_a_round_from_a_base_without_grpo_backtests_on_the_run_it_reasons_from(engine: Engine) -> None:
@@ -579,10 +612,10 @@ def test_a_round_from_a_base_without_grpo_backtests_on_the_run_it_reasons_from(e
         [json.dumps([{"intervention": iv.model_dump(), "title": iv.title(), "text": "", "change": {}}])],
     )
     rnd = coach.rounds.get(1)
-    coach._backtest(rnd, Diagnosis("d1", "v1", "v1-train-1", "r", [], []))
-    (branch,) = coach.rounds.get(1).branches
+    backtested = coach.designer.backtest(rnd, Diagnosis("d1", "v1", "v1-train-1", "r", [], []))
+    assert coach.rounds.get(1) == backtested and backtested.stage == "run"
+    (branch,) = backtested.branches
     assert branch.backtest and branch.backtest["summary"].startswith("keeps 33% of groups")  # 1 of 3 has a spread
-    assert coach.rounds.get(1).stage == "run"
     assert engine.store.query("SELECT run_id FROM backtests") == [("v1-train-1",)]
 
 
@@ -592,7 +625,7 @@ def test_case_memory_is_consulted_and_traced(engine: Engine) -> None:
     memory.record_case(
         "v7", "none", "math", "v0", "optimizer", "raise_lr", "recipe.learning_rate", "regressed", "rejected", "r"
     )
-    rnd = coach._open_round()
+    rnd = coach.open_round()
     ctx, _ = coach.planner.context(rnd, diagnosis_of(), 2)
     assert [c["version"] for c in ctx.cases] == ["v7"]
     proposals = coach.planner.propose(rnd, diagnosis_of(), 2)
@@ -619,7 +652,7 @@ class BrokenBackend:
 def test_a_failing_model_backend_falls_back_to_offline_with_a_recorded_reason(engine: Engine) -> None:
     events: list[str] = []
     coach = Coach(engine, backend=BrokenBackend(), answer=auto_approve, on_event=lambda e: events.append(e.kind))
-    proposals = coach.planner.propose(coach._open_round(), None, 2)
+    proposals = coach.planner.propose(coach.open_round(), None, 2)
     assert proposals.backend == "offline" and proposals.interventions
     assert "fallback" in events
     (reason,) = [
@@ -636,13 +669,13 @@ def test_two_failures_switch_gates_on_and_three_escalate(engine: Engine) -> None
         engine.decide(f"v{i}", "rejected", "regressed")
         if i == 2:
             coach = Coach(engine, answer=auto_approve)  # after_diagnosis is off in the sample: forced now
-            rnd = coach._open_round()
+            rnd = coach.open_round()
             with pytest.raises(WaitingAtGate) as waiting:
-                coach._gate(rnd, "after_diagnosis", "round", "go on?", {})
+                coach.gatekeeper.ask(rnd, "after_diagnosis", "round", "go on?", {})
             assert waiting.value.gate.forced
             engine.store.con.execute("UPDATE rounds SET state = 'done'")
     coach = Coach(engine, answer=auto_approve)
-    assert coach._open_round().escalated
+    assert coach.open_round().escalated
     assert engine.store.query("SELECT count(*) FROM backtests WHERE kind = 'harness_revalidation'") == [(1,)]
 
 
@@ -682,15 +715,16 @@ def test_a_loop_whose_backtests_drop_every_branch_stops_and_never_proposes_a_dro
 ) -> None:
     """Every proposal is contradicted by its backtest: rounds must not repeat forever. A change a
     backtest dropped is not proposed again from the same parent, and the loop ends."""
+    import engine.coach.design as design_module
     import engine.coach.loop as loop_module
     from engine.harness.backtest import InterventionBacktest
 
     engine.store.update_version("v0", checkpoint="models/v0")  # built: the loop trains no v0
     monkeypatch.setattr(engine, "train_run", lambda version: type("Run", (), {"id": "v0-train-0"})())
     monkeypatch.setattr(
-        loop_module, "backtest_intervention", lambda *a, **k: InterventionBacktest(None, "revives nothing", True)
+        design_module, "backtest_intervention", lambda *a, **k: InterventionBacktest(None, "revives nothing", True)
     )
-    coach = without_control(Coach(engine, answer=auto_approve))  # a control is never backtested
+    coach = Coach(without_control(engine), answer=auto_approve)  # a control is never backtested
     result = coach.run(2)
     assert result.trained == [] and result.stopped is not None
     rounds = engine.store.query("SELECT id, proposals FROM rounds ORDER BY id")
@@ -720,7 +754,7 @@ def test_the_claude_backend_through_the_coach_records_tokens_and_falls_back_on_e
         api.enqueue(reply, server_error(), server_error())
         backend = AnthropicBackend("claude-test", base_url=api.url, max_retries=1, timeout=5.0)
         coach = Coach(engine, backend=backend, answer=auto_approve)
-        rnd = coach._open_round()
+        rnd = coach.open_round()
         first = coach.planner.propose(rnd, None, 1)
         assert first.backend == "anthropic" and first.interventions[0].changes == {"recipe.epsilon_high": 0.35}
         second = coach.planner.propose(rnd, None, 1)  # 500, retried once by the SDK, 500 again
@@ -852,7 +886,7 @@ def test_round_one_reads_v0s_baseline_groups_so_the_full_loop_answers_its_rules(
         shape = config.policy.warmup.baseline_steps * config.recipe.prompts_per_step * config.recipe.num_generations
         assert engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'train'") == [(shape,)]
         coaches = {mode: Coach(engine, answer=auto_approve, harness=mode) for mode in ("full", "score-only")}
-        diagnoses = {mode: c._parent_diagnosis("v0") for mode, c in coaches.items()}
+        diagnoses = {mode: c.ctx.parent_diagnosis("v0") for mode, c in coaches.items()}
         assert diagnoses["full"] is not None and diagnoses["full"].rule_names
         assert diagnoses["score-only"] is not None and not diagnoses["score-only"].rule_names
         rnd = coaches["full"].rounds.open("v0", "offline", "full", False)

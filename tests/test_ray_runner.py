@@ -190,9 +190,8 @@ def test_a_rounds_two_branches_train_at_once_on_ray_and_are_judged_as_a_local_ro
         rnd = coach.rounds.open("v0", "offline", "full", False)
         changes = [{"recipe.learning_rate": 4e-5}, {"recipe.temperature": 1.2}]
         proposals = Proposals([Intervention(kind="optimizer", changes=c, hypothesis="h") for c in changes], "", "test")
-        rnd.branches = coach.planner.branches(rnd, proposals)
+        rnd = coach.rounds.propose(rnd, coach.planner.branches(rnd, proposals), None)
         assert len(rnd.branches) == 2
-        coach.rounds.save_branches(rnd)
         coach.rounds.advance(rnd, "run")
     # The same workspace, v0 and round and all, whose engine runs on the cluster (its workers:
     # one thread each, as here).

@@ -1,14 +1,17 @@
 """The coach's rounds in the store (`rounds` table): where each round stands, and its branches.
 
 A round is persisted at every stage, so a loop stopped at a pending gate, or by a dead engine,
-resumes where it stopped. This module is the table's only reader and writer; the loop holds the
-state machine that moves a round from stage to stage.
+resumes where it stopped. This module is the table's only reader and writer. `Round` and `Branch`
+are values: a transition (`advance`, `propose`, `update_branch`, `end`) returns a new value that it
+has already stored, and leaves the one it was given unchanged, so a change that is not saved cannot
+happen. The loop decides which transition comes next.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal
 
@@ -25,7 +28,7 @@ class Branch(BaseModel):
     """One proposed version of a round: its intervention, the child's `workspace.toml`, and what
     became of it (its backtest, the version it was created as, whether it is settled)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     intervention: Intervention
     #: The child's workspace.toml text.
@@ -40,7 +43,7 @@ class Branch(BaseModel):
     done: bool = False
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
     id: int
     parent: str
@@ -52,7 +55,7 @@ class Round:
     #: Id of the diagnosis the round reasoned from.
     diagnosis: str | None = None
     rationale: str | None = None
-    branches: list[Branch] = field(default_factory=list)
+    branches: tuple[Branch, ...] = ()
 
 
 _COLS = "id, parent, state, stage, backend, harness, escalated, diagnosis, rationale, proposals"
@@ -83,20 +86,26 @@ class Rounds:
             raise ValueError(f"no round {round_id} in this workspace")
         return _round(row)
 
-    def advance(self, rnd: Round, stage: Stage, **values: Any) -> None:
-        """Move `rnd` to `stage` (and set `diagnosis` or `rationale`), in the store and in `rnd`."""
-        self._set(rnd.id, stage=stage, **values)
-        rnd.stage = stage
-        for key, value in values.items():
-            setattr(rnd, key, value)
+    def advance(self, rnd: Round, stage: Stage, **values: Any) -> Round:
+        """`rnd` moved to `stage` (with `diagnosis` or `rationale` set), stored."""
+        return self._put(replace(rnd, stage=stage, **values))
 
-    def save_branches(self, rnd: Round) -> None:
-        proposals = json.dumps([b.model_dump(mode="json") for b in rnd.branches])
-        self._set(rnd.id, proposals=proposals, rationale=rnd.rationale)
+    def propose(self, rnd: Round, branches: Sequence[Branch], rationale: str | None) -> Round:
+        """`rnd` with the branches its design proposes and why, stored."""
+        return self._put(replace(rnd, branches=tuple(branches), rationale=rationale))
 
-    def end(self, rnd: Round, state: State = "done") -> None:
-        self._set(rnd.id, state=state, stage="done" if state == "done" else rnd.stage, ended_at=datetime.now())
-        rnd.state = state
+    def update_branch(self, rnd: Round, index: int, **values: Any) -> Round:
+        """`rnd` with its branch `index` changed (its backtest, version, whether it is settled), stored."""
+        if unknown := values.keys() - Branch.model_fields.keys():
+            raise ValueError(f"a branch has no field {', '.join(sorted(unknown))}")
+        branches = list(rnd.branches)
+        branches[index] = branches[index].model_copy(update=values)
+        return self._put(replace(rnd, branches=tuple(branches)))
+
+    def end(self, rnd: Round, state: State = "done") -> Round:
+        """`rnd` closed: done (its stage too) or aborted (at the stage it stopped in), stored."""
+        ended = replace(rnd, state=state, stage="done" if state == "done" else rnd.stage)
+        return self._put(ended, ended_at=datetime.now())
 
     def of_version(self, version: str) -> int | None:
         """The round that proposed `version`."""
@@ -112,14 +121,19 @@ class Rounds:
         rows = self.store.query("SELECT proposals FROM rounds WHERE parent = ? ORDER BY id", [parent])
         return [b for (proposals,) in rows for b in _branches(proposals) if b.dropped]
 
-    def _set(self, round_id: int, **values: Any) -> None:
+    def _put(self, rnd: Round, **columns: Any) -> Round:
+        """Store every field a transition may change; the value returned is the row read back."""
+        proposals = json.dumps([b.model_dump(mode="json") for b in rnd.branches])
+        values = {"state": rnd.state, "stage": rnd.stage, "diagnosis": rnd.diagnosis, "rationale": rnd.rationale}
+        values |= {"proposals": proposals, **columns}
         sets = ", ".join(f"{k} = ?" for k in values)
-        self.store.con.execute(f"UPDATE rounds SET {sets} WHERE id = ?", [*values.values(), round_id])
+        self.store.con.execute(f"UPDATE rounds SET {sets} WHERE id = ?", [*values.values(), rnd.id])
+        return self.get(rnd.id)
 
 
 def _round(row: tuple[Any, ...]) -> Round:
     *head, proposals = row
-    return Round(*head, branches=_branches(proposals))
+    return Round(*head, branches=tuple(_branches(proposals)))
 
 
 def _branches(proposals: str | None) -> list[Branch]:

@@ -1,0 +1,100 @@
+"""Designing a round (`Designer`): the branches it proposes (each a different single factor, with
+the no-change control beside them when there is room), the after-design gate and its revisions, and
+the backtests that price reward and filter branches before anything trains. Each step returns the
+round as stored after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from engine.coach.context import CoachContext
+from engine.coach.gatekeeper import Gatekeeper
+from engine.coach.interventions import control
+from engine.coach.planning import Planner
+from engine.coach.rounds import Round
+from engine.harness.backtest import backtest_intervention
+from engine.harness.diagnose import Diagnosis
+
+#: Revise answers a design gate takes before the round gives up on proposing.
+MAX_REVISIONS = 3
+
+
+class Designer:
+    def __init__(self, ctx: CoachContext, planner: Planner, gatekeeper: Gatekeeper):
+        self.ctx = ctx
+        self.planner = planner
+        self.gatekeeper = gatekeeper
+
+    def design(self, rnd: Round, diagnosis: Diagnosis | None, remaining: int) -> Round:
+        """The round with its branches approved and moved on to `backtest`; still at `design` when
+        nothing applicable was left to propose or every proposal was revised."""
+        ranking: list[dict[str, Any]] = []
+        for revision in range(MAX_REVISIONS + 1):
+            subject = f"round{rnd.id}-design{revision}"
+            # Resuming at this design's gate: the proposals it shows, not new ones.
+            if self.gatekeeper.gates.find(rnd.id, "after_design", subject) is None or not rnd.branches:
+                # The control comes on top of the round's factors when there is room for both.
+                with_control = self._needs_control(rnd.parent, remaining)
+                branches = min(self.ctx.config.coach.branches, remaining - with_control)
+                proposals = self.planner.propose(rnd, diagnosis, branches)
+                ranking = proposals.ranking
+                if with_control:
+                    steps = self.ctx.engine.version_config(rnd.parent).recipe.steps
+                    proposals.interventions.insert(0, control(steps))
+                    proposals.rationale += "; with the control (the parent trained on, no change)"
+                proposed = self.planner.branches(rnd, proposals)
+                if not proposed:
+                    self.ctx.emit("refused", f"round {rnd.id}: nothing applicable to propose from {rnd.parent}")
+                    return rnd
+                rnd = self.ctx.rounds.propose(rnd, proposed, proposals.rationale)
+                for b in rnd.branches:
+                    self.ctx.emit("proposal", b.title, round=rnd.id, hypothesis=b.intervention.hypothesis)
+            report = {"rationale": rnd.rationale, "proposals": [b.model_dump(mode="json") for b in rnd.branches]}
+            if ranking:
+                report["ranking"] = ranking
+            answer = self.gatekeeper.ask(rnd, "after_design", subject, f"Run {len(rnd.branches)} branch(es)?", report)
+            if answer.verb == "approve":
+                return self.ctx.rounds.advance(rnd, "backtest")
+            self.ctx.emit("proposal", f"revised: {answer.feedback}", round=rnd.id)
+        self.ctx.emit("refused", f"round {rnd.id}: still revised after {MAX_REVISIONS} proposals")
+        return rnd
+
+    def _needs_control(self, parent: str, remaining: int) -> bool:
+        """A round with room for two versions runs the control beside its factors, unless this
+        parent already has one."""
+        return self.ctx.config.coach.control and remaining >= 2 and self.ctx.control(parent) is None
+
+    def backtest(self, rnd: Round, diagnosis: Diagnosis | None) -> Round:
+        """Price reward and filter branches on the train rollouts the round reasons from (after
+        failed branches, the latest child's GRPO run from this parent; for v0, its baseline groups),
+        else the parent's own GRPO run; a branch the backtest contradicts is dropped. The round
+        moves on to `run`."""
+        store = self.ctx.store
+        run = store.get_run(diagnosis.run_id) if diagnosis else None
+        trained = run and store.query_one(
+            "SELECT count(*) FROM rollouts WHERE run_id = ? AND split = 'train'", [run.id]
+        )
+        if not trained or not trained[0]:
+            run = self.ctx.engine.train_run(rnd.parent)
+        ran = []
+        for i, b in enumerate(rnd.branches):
+            iv = b.intervention
+            if iv.is_control:  # it changes nothing: nothing to price
+                continue
+            outcome = backtest_intervention(store, run.id, iv.kind, iv.changes) if run else None
+            if outcome is None:
+                continue
+            ran.append(i)
+            dropped = outcome.summary if outcome.contradicts else b.dropped
+            rnd = self.ctx.rounds.update_branch(rnd, i, backtest=asdict(outcome), dropped=dropped)
+            if outcome.contradicts:
+                self.ctx.emit("refused", f"{b.title}: dropped, {outcome.summary}", round=rnd.id)
+        priced = [rnd.branches[i] for i in ran]
+        for b in priced:
+            self.ctx.emit("backtest", f"{b.title}: {b.backtest['summary']}", round=rnd.id)  # type: ignore[index]
+        if priced:
+            report = [{"title": b.title, "backtest": b.backtest} for b in priced]
+            self.gatekeeper.ask(rnd, "after_backtest", f"round{rnd.id}", "Backtests done: run the branches?", report)
+        return self.ctx.rounds.advance(rnd, "run")
