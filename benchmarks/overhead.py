@@ -134,7 +134,7 @@ def main() -> int:
                     timings["a: bare TRL"].append(time.perf_counter() - start)
                 else:
                     start = time.perf_counter()
-                    engine.execute("v0", "train", config, model_in, workspace.model_dir(f"bench-{rep}"))
+                    engine.training.execute("v0", "train", config, model_in, workspace.model_dir(f"bench-{rep}"))
                     timings["b: engine worker + ingest"].append(time.perf_counter() - start)
                 console.print(f"rep {rep + 1}/{args.reps} arm {arm}: {list(timings.values())[arm == 'b'][-1]:.1f} s")
         rows = engine.store.count_rollouts()

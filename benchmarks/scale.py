@@ -55,7 +55,9 @@ def train(engine: Engine, config: WorkspaceConfig, name: str) -> tuple[RunRecord
     v0 = engine.store.get_version("v0")
     assert v0 is not None and v0.checkpoint
     start = time.perf_counter()
-    run = engine.execute("v0", "train", config, engine.workspace.root / v0.checkpoint, engine.workspace.model_dir(name))
+    run = engine.training.execute(
+        "v0", "train", config, engine.workspace.root / v0.checkpoint, engine.workspace.model_dir(name)
+    )
     return run, time.perf_counter() - start
 
 

@@ -48,11 +48,11 @@ def test_a_crashing_worker_stores_its_error_and_the_engine_carries_on(tiny_works
         config = engine.version_config("v0")
         missing = tiny_workspace_v0.root / "no-such-model"
         with pytest.raises(RunFailed) as info:
-            engine.execute("v0", "eval", config, model_in=missing, model_out=None)
+            engine.training.execute("v0", "eval", config, model_in=missing, model_out=None)
         tail = info.value.run.error_tail or ""
         assert "no-such-model" in tail and "Traceback" in tail
         # Same engine, next run: works.
-        ok = engine.execute(
+        ok = engine.training.execute(
             "v0", "eval", config, model_in=tiny_workspace_v0.root / ".evotrainer/models/v0", model_out=None
         )
         assert ok.state == "succeeded"

@@ -30,7 +30,6 @@ from engine.core.training import Training
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import Layers
 from engine.runs.runner import Runner, make_runner
-from engine.runs.spec import RunKind
 from engine.store import RunRecord, Store, VersionRecord
 from engine.verdict import Scores, Verdict
 from engine.versions import VersionTree
@@ -157,19 +156,6 @@ class Engine:
         self, versions: list[str], progress: ProgressFn | None = None, layers: Layers = None
     ) -> dict[str, RunRecord | RunFailed]:
         return self.training.train_many(versions, progress, layers)
-
-    def execute(
-        self,
-        version: str,
-        kind: RunKind,
-        config: WorkspaceConfig,
-        model_in: Path | None,
-        model_out: Path | None,
-        progress: ProgressFn | None = None,
-        layers: Layers = None,
-        split: Literal["val", "test"] = "val",
-    ) -> RunRecord:
-        return self.training.execute(version, kind, config, model_in, model_out, progress, layers, split)
 
     def evaluate(
         self,
