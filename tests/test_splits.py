@@ -75,30 +75,37 @@ def decisions(ws: Workspace) -> list[tuple[object, ...]]:
 
 @pytest.mark.slow
 def test_a_poisoned_test_split_changes_no_decision(tmp_path: Path, sample_toml: str) -> None:
-    """Two workspaces that differ only in their test answers (shifted by seven in one) make the
-    same decisions with the same val scores; the poisoned one even holds test rollouts of v0
-    (scored against the wrong answers) while its coach decides."""
+    """Three workspaces that differ only in their test split make the same decisions with the same
+    val scores: one whose test answers are right, one whose answers are shifted by seven, and one
+    with no test run at all. The first two even hold test rollouts of v0 (scored against their own
+    answers) while their coach decides; the third shows that a test run merely existing decides
+    nothing either."""
     outcomes, test_scored = {}, {}
-    for poison in (False, True):
-        ws = poisonable_workspace(tmp_path / f"poison-{poison}", sample_toml, poison)
+    for name, poison, test_run in (("clean", False, True), ("poisoned", True, True), ("untested", False, False)):
+        ws = poisonable_workspace(tmp_path / name, sample_toml, poison)
         with Engine(ws) as engine:
             engine.ensure_base()
-            run, scores = engine.evaluate("v0", "test")
-            assert scores.n_tasks == 60
-            test_scored[poison] = engine.store.query(
-                "SELECT task_id, completion, reward_components['correctness'] FROM rollouts"
-                " WHERE run_id = ? AND split = 'test' ORDER BY task_id, sample_idx",
-                [run.id],
-            )
+            if test_run:
+                run, scores = engine.evaluate("v0", "test")
+                assert scores.n_tasks == 60
+                test_scored[name] = engine.store.query(
+                    "SELECT task_id, completion, reward_components['correctness'] FROM rollouts"
+                    " WHERE run_id = ? AND split = 'test' ORDER BY task_id, sample_idx",
+                    [run.id],
+                )
             Coach(engine, answer=auto_approve).run(2)
-            assert engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'test'")[0][0] > 0
-        outcomes[poison] = decisions(ws)
-    # The same v0 wrote the same test completions in both; the poison scored them against shifted
+            tested = engine.store.query("SELECT count(*) FROM rollouts WHERE split = 'test'")[0][0]
+            assert (tested > 0) == test_run
+        outcomes[name] = decisions(ws)
+    # The same v0 wrote the same test completions in both; it solves some against the right
+    # answers (else the next line would hold vacuously), and the poison scored them against shifted
     # answers, so no completion is right in both.
-    assert [r[:2] for r in test_scored[True]] == [r[:2] for r in test_scored[False]]
-    assert not any(p[2] and c[2] for p, c in zip(test_scored[True], test_scored[False], strict=True))
-    assert outcomes[True] == outcomes[False]
-    assert len([r for r in outcomes[False] if r[0] in ("v1", "v2")]) == 2
+    clean, poisoned = test_scored["clean"], test_scored["poisoned"]
+    assert [r[:2] for r in poisoned] == [r[:2] for r in clean]
+    assert {task for task, _, right in clean if right}, "v0 solves no test task: the poison could not show"
+    assert not any(p[2] and c[2] for p, c in zip(poisoned, clean, strict=True))
+    assert outcomes["poisoned"] == outcomes["clean"] == outcomes["untested"]
+    assert len([r for r in outcomes["clean"] if r[0] in ("v1", "v2")]) == 2
 
 
 def test_the_benchmark_refuses_a_workspace_without_a_test_split(tmp_path: Path) -> None:
