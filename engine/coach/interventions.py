@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.config import WorkspaceConfig, parse_config
 from engine.domains import reward_component_names
 from engine.grpo import DEAD_STD
-from engine.harness.analyzers.signal import DEAD_GROUPS_WARNING
+from engine.harness.thresholds import DEAD_GROUPS
 from engine.store import Store
 
 Kind = Literal["reward", "filter", "optimizer", "data", "budget", "environment", "evaluation"]
@@ -281,7 +281,7 @@ class Sized:
 #: What the offline planner says of a magnitude that nothing in the parent's data sizes.
 FIXED = "a fixed step of the catalog: nothing in the parent's data sizes it"
 #: Groups whose predicted dead share a larger group size aims below (the insufficient_signal rule's line).
-TARGET_DEAD = DEAD_GROUPS_WARNING
+TARGET_DEAD = DEAD_GROUPS.value
 #: The largest group size a proposal sizes up to.
 MAX_GENERATIONS = 32
 

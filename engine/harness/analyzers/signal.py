@@ -23,10 +23,6 @@ from engine.harness.thresholds import (
     TRUNCATION,
 )
 
-#: The dead-group line as a number, for the coach's proposals (`engine.coach.interventions`
-#: sizes a group to bring the predicted dead share under it); the table's entry is the definition.
-DEAD_GROUPS_WARNING = DEAD_GROUPS.value
-
 _GROUPS = f"""
     WITH g AS (
         SELECT step, group_id, stddev_pop(reward) AS spread, stddev_pop(reward) < {DEAD_STD} AS dead
