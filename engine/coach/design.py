@@ -9,11 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from engine.coach.backends.base import Proposals
 from engine.coach.context import CoachContext
 from engine.coach.gatekeeper import Gatekeeper
 from engine.coach.interventions import control
 from engine.coach.planning import Planner
 from engine.coach.rounds import Round
+from engine.coach.schedule import Plan, combination, continuation
 from engine.harness.backtest import backtest_intervention
 from engine.harness.diagnose import Diagnosis
 
@@ -27,24 +29,31 @@ class Designer:
         self.planner = planner
         self.gatekeeper = gatekeeper
 
-    def design(self, rnd: Round, diagnosis: Diagnosis | None, remaining: int) -> Round:
+    def design(self, rnd: Round, diagnosis: Diagnosis | None, remaining: int, plan: Plan | None = None) -> Round:
         """The round with its branches approved and moved on to `backtest`; still at `design` when
-        nothing applicable was left to propose or every proposal was revised."""
+        nothing applicable was left to propose or every proposal was revised. With a `plan` (a step
+        budget), an exploit round's one branch continues (or first combines) the head, and a
+        screen's branches train the plan's steps."""
         ranking: list[dict[str, Any]] = []
         for revision in range(MAX_REVISIONS + 1):
             subject = f"round{rnd.id}-design{revision}"
             # Resuming at this design's gate: the proposals it shows, not new ones.
             if self.gatekeeper.gates.find(rnd.id, "after_design", subject) is None or not rnd.branches:
-                # The control comes on top of the round's factors when there is room for both.
-                with_control = self._needs_control(rnd.parent, remaining)
-                branches = min(self.ctx.config.coach.branches, remaining - with_control)
-                proposals = self.planner.propose(rnd, diagnosis, branches)
-                ranking = proposals.ranking
-                if with_control:
-                    steps = self.ctx.engine.version_config(rnd.parent).recipe.steps
-                    proposals.interventions.insert(0, control(steps))
-                    proposals.rationale += "; with the control (the parent trained on, no change)"
-                proposed = self.planner.branches(rnd, proposals)
+                if plan is not None and plan.mode == "exploit":
+                    proposals = self._exploit(plan)
+                else:
+                    # The control comes on top of the round's factors when there is room for both.
+                    with_control = self.needs_control(rnd.parent, remaining)
+                    branches = min(self.ctx.config.coach.branches, remaining - with_control)
+                    proposals = self.planner.propose(rnd, diagnosis, branches, scheduled=plan is not None)
+                    ranking = proposals.ranking
+                    if with_control:
+                        steps = plan.steps if plan else self.ctx.engine.version_config(rnd.parent).recipe.steps
+                        proposals.interventions.insert(0, control(steps))
+                        proposals.rationale += "; with the control (the parent trained on, no change)"
+                    if plan is not None:
+                        proposals.rationale += f"; a screen of {plan.steps} steps a branch, sized by {plan.how}"
+                proposed = self.planner.branches(rnd, proposals, plan.steps if plan else None)
                 if not proposed:
                     self.ctx.emit("refused", f"round {rnd.id}: nothing applicable to propose from {rnd.parent}")
                     return rnd
@@ -61,7 +70,19 @@ class Designer:
         self.ctx.emit("refused", f"round {rnd.id}: still revised after {MAX_REVISIONS} proposals")
         return rnd
 
-    def _needs_control(self, parent: str, remaining: int) -> bool:
+    def _exploit(self, plan: Plan) -> Proposals:
+        """An exploit round's one proposal: the winner combined with the other factors that beat
+        the same control (once), else the head continued."""
+        if plan.combine:
+            iv = combination(plan)
+            why = f"exploit {plan.parent}: combined with the factors that beat the same control"
+        else:
+            iv = continuation(plan.steps, plan)
+            kind = "a provisional winner (inside the floor after its screen)" if plan.provisional else "the winner"
+            why = f"exploit {plan.parent}, {kind}: continued {plan.steps} steps, sized by {plan.how}"
+        return Proposals([iv], why, "schedule")
+
+    def needs_control(self, parent: str, remaining: int) -> bool:
         """A round with room for two versions runs the control beside its factors, unless this
         parent already has one."""
         return self.ctx.config.coach.control and remaining >= 2 and self.ctx.control(parent) is None

@@ -12,6 +12,7 @@ from engine.coach.context import CoachContext
 from engine.coach.evolution import Investigation, evolve, find_anomaly, moved, probe
 from engine.coach.planning import Planner
 from engine.coach.rounds import Round
+from engine.coach.schedule import EXPLOIT, Schedule, SegmentVerdict, margin
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import load_harness
 from engine.harness.rules import direct_tests_passed
@@ -25,13 +26,15 @@ class BranchJudge:
 
     def judge(
         self, rnd: Round, name: str, diagnosis: Diagnosis | None
-    ) -> tuple[Verdict | None, dict[str, Any], str, str]:
+    ) -> tuple[Verdict | SegmentVerdict | None, dict[str, Any], str, str]:
         """The verdict, the child's diagnosis, the investigation and the decision they propose,
         with the gate's report. Judging fails closed: an error anywhere in it holds the version for
         a person (`held`), never promotes it."""
         emit = self.ctx.emit
         try:
-            verdict = self.ctx.engine.judge(name)
+            verdict: Verdict | SegmentVerdict = self.ctx.engine.judge(name)
+            if self._template(name) in EXPLOIT:
+                verdict = self.segment(name, verdict)
             emit("verdict", f"{name}: {verdict.summary()}", version=name, label=verdict.label)
             child = self.ctx.child_diagnosis(name)
             investigation = self.investigate(rnd, name, verdict, diagnosis, child)
@@ -50,8 +53,33 @@ class BranchJudge:
             emit("decision", f"{name} held: {reason}", version=name, decision="held")
         return verdict, report, decision, reason
 
+    def segment(self, name: str, against_parent: Verdict) -> SegmentVerdict:
+        """A continuation or combination's verdict: against its parent, against its lineage's start,
+        and the margin its parent's established gain allows (`engine.coach.schedule`)."""
+        engine = self.ctx.engine
+        lineage = Schedule(self.ctx.store).lineage(name)
+        if lineage is None:
+            raise ValueError(f"{name} continues no lineage")
+        parent = self.ctx.store.get_version(against_parent.parent)
+        established = None
+        if parent is not None and parent.state == "promoted":
+            established = engine.compare(lineage.start, parent.name)
+        return SegmentVerdict(against_parent, engine.compare(lineage.start, name), margin(established))
+
+    def _template(self, name: str) -> str | None:
+        row = self.ctx.store.query_one(
+            "SELECT i.template FROM versions v JOIN interventions i ON i.id = v.intervention_id WHERE v.name = ?",
+            [name],
+        )
+        return row[0] if row else None
+
     def investigate(
-        self, rnd: Round, name: str, verdict: Verdict, parent_diagnosis: Diagnosis | None, child: Diagnosis | None
+        self,
+        rnd: Round,
+        name: str,
+        verdict: Verdict | SegmentVerdict,
+        parent_diagnosis: Diagnosis | None,
+        child: Diagnosis | None,
     ) -> Investigation | None:
         """Before the decision: every gain that would be promoted, and a regression that no rule or
         moved finding explains, is investigated. Nothing that moves with the score can explain a
@@ -98,7 +126,7 @@ class BranchJudge:
 
 
 def proposed_decision(
-    verdict: Verdict,
+    verdict: Verdict | SegmentVerdict,
     diagnosis: Diagnosis | None,
     investigation: Investigation | None = None,
     investigated: bool = False,

@@ -33,10 +33,11 @@ from engine.coach.memory import Memory
 from engine.coach.planning import Planner
 from engine.coach.rounds import Round, Rounds
 from engine.coach.running import BranchRunner
+from engine.coach.schedule import Plan, Schedule, steps_spent
 from engine.coach.settling import Settler
 from engine.coach.skills import SkillLibrary
 from engine.config import WorkspaceConfig
-from engine.core import Engine, ProgressFn
+from engine.core import BASE, Engine, ProgressFn
 from engine.harness.diagnose import Diagnosis
 from engine.harness.loader import MODE_LAYERS, Layers
 
@@ -102,12 +103,18 @@ class Coach:
             self.on_event(event)
 
     # -- the loop -------------------------------------------------------------------------------
-    def run(self, versions: int, progress: ProgressFn | None = None) -> LoopResult:
-        """Run rounds until `versions` versions were trained (or a gate waits, or it is aborted)."""
+    def run(self, versions: int, progress: ProgressFn | None = None, steps: int | None = None) -> LoopResult:
+        """Run rounds until `versions` versions were trained (or a gate waits, or it is aborted);
+        with `steps`, also until this call's versions trained that many GRPO steps, spent as
+        `engine.coach.schedule` plans: screen short, continue the winner longer."""
         result = LoopResult()
         self.engine.ensure_base(progress, self.layers)
+        spent = steps_spent(self.engine.store)
         idle = 0
         while len(result.trained) < versions:
+            left = None if steps is None else steps - (steps_spent(self.engine.store) - spent)
+            if left is not None and left <= 0:
+                break
             if idle >= MAX_IDLE_ROUNDS:
                 result.stopped = f"{idle} rounds in a row had every branch dropped by its backtest"
                 break
@@ -115,10 +122,10 @@ class Coach:
             if children >= self.config.budget.max_versions:
                 result.stopped = f"budget.max_versions ({self.config.budget.max_versions}) reached"
                 break
-            rnd = self.rounds.current() or self.open_round()
+            rnd = self.rounds.current() or self.open_round(left)
             before = len(result.trained) + len(result.decisions)
             try:
-                if not self._play(rnd, versions - len(result.trained), result, progress):
+                if not self._play(rnd, versions - len(result.trained), result, progress, left):
                     result.stopped = "no applicable intervention is left to propose"
                     break
                 idle = idle + 1 if len(result.trained) + len(result.decisions) == before else 0
@@ -132,19 +139,34 @@ class Coach:
                 break
         return result
 
-    def open_round(self) -> Round:
-        """A new round from the best promoted version, escalated after `escalate_after` failures."""
+    def open_round(self, steps_left: int | None = None) -> Round:
+        """A new round from the best promoted version, escalated after `escalate_after` failures;
+        with a step budget, from the version the schedule continues when it exploits one."""
         best = self.engine.best_version()
         assert best is not None  # v0 is promoted by ensure_base
+        plan = self.plan(best.name, steps_left)
+        parent = plan.parent if plan is not None else best.name
         failures = self.memory.consecutive_failures()
-        escalated = failures >= self.config.coach.escalate_after
-        rnd = self.rounds.open(best.name, self.backend.name, self.harness_mode, escalated)
-        self._emit("round", f"round {rnd.id}: branching from {best.name}", round=rnd.id, parent=best.name)
+        escalated = failures >= self.config.coach.escalate_after and (plan is None or plan.mode == "screen")
+        rnd = self.rounds.open(parent, self.backend.name, self.harness_mode, escalated)
+        how = f" ({plan.mode}, {plan.steps} steps a branch: {plan.how})" if plan is not None else ""
+        self._emit("round", f"round {rnd.id}: branching from {parent}{how}", round=rnd.id, parent=parent)
         if escalated:
             self._escalate(rnd, failures)
         return rnd
 
-    def _play(self, rnd: Round, remaining: int, result: LoopResult, progress: ProgressFn | None) -> bool:
+    def plan(self, best: str, steps_left: int | None) -> Plan | None:
+        """What the schedule makes of the steps left (None without a step budget: every version
+        trains its recipe's steps, and rounds branch from the best promoted version)."""
+        if steps_left is None:
+            return None
+        branches = self.config.coach.branches + self.designer.needs_control(best, 2)
+        default = self.engine.version_config(BASE).recipe.steps  # the workspace's own version length
+        return Schedule(self.engine.store).plan(best, steps_left, branches, default)
+
+    def _play(
+        self, rnd: Round, remaining: int, result: LoopResult, progress: ProgressFn | None, steps_left: int | None
+    ) -> bool:
         """Move the round through its stages from where it stands; False when it had nothing to run."""
         diagnosis = self.ctx.parent_diagnosis(rnd.parent)
         if rnd.stage == "diagnosis":
@@ -153,7 +175,10 @@ class Coach:
             self.gatekeeper.ask(rnd, "after_diagnosis", f"round{rnd.id}", f"Diagnosis of {rnd.parent}: go on?", report)
             rnd = self.rounds.advance(rnd, "design", diagnosis=diagnosis.id if diagnosis else None)
         if rnd.stage == "design":
-            rnd = self.designer.design(rnd, diagnosis, remaining)
+            best = self.engine.best_version()
+            assert best is not None
+            plan = self.plan(best.name, steps_left)
+            rnd = self.designer.design(rnd, diagnosis, remaining, plan if plan and plan.parent == rnd.parent else None)
             if rnd.stage == "design":  # nothing approved to run
                 self.rounds.end(rnd)
                 return False

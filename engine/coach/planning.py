@@ -19,12 +19,13 @@ from engine.coach import bandit
 from engine.coach.backends.base import AnalyzerSpec, Backend, BackendError, PlanningContext, Proposals
 from engine.coach.backends.offline import OfflinePlanner, signals
 from engine.coach.gates import Gates
-from engine.coach.interventions import InterventionError, apply, config_changes, run_facts
+from engine.coach.interventions import InterventionError, apply, config_changes, edit_toml, run_facts
 from engine.coach.literature import Literature
 from engine.coach.memory import Lookups, Memory, failure_signature
 from engine.coach.rounds import Branch, Round, Rounds
+from engine.coach.schedule import CONTINUE
 from engine.coach.skills import SkillLibrary
-from engine.config import CONFIG_FILE
+from engine.config import CONFIG_FILE, parse_config
 from engine.core import Engine
 from engine.harness.diagnose import Diagnosis
 from engine.versions import VersionTreeError
@@ -35,6 +36,10 @@ Emit = Callable[..., None]
 #: The literature query when no rule fired.
 #: Flipped tasks shown each way to a model backend (the counts are whole).
 FLIP_EXAMPLES = 5
+#: The path of a version's length, which a step budget's schedule sets on every branch, and the
+#: catalog's templates that change it (not offered when the schedule owns it).
+STEPS = "recipe.steps"
+STEPS_TEMPLATES = ("longer_training",)
 GENERAL_QUERY = "GRPO training stalls without a diagnosed failure: learning rate, temperature, steps"
 
 
@@ -108,8 +113,12 @@ class Planner:
         except (ValueError, VersionTreeError):
             return None
 
-    def propose(self, rnd: Round, diagnosis: Diagnosis | None, branches: int) -> Proposals:
+    def propose(self, rnd: Round, diagnosis: Diagnosis | None, branches: int, scheduled: bool = False) -> Proposals:
+        """The backend's proposals for the round; `scheduled`: a step budget's schedule sizes every
+        version's steps, so the templates that would change them are not offered."""
         ctx, lookups = self.context(rnd, diagnosis, branches)
+        if scheduled:
+            ctx.tried_templates = sorted({*ctx.tried_templates, *STEPS_TEMPLATES})
         try:
             proposals = self.backend.propose(ctx)
         except BackendError as exc:
@@ -131,25 +140,35 @@ class Planner:
         finally:
             self._record_calls(rnd.id)
 
-    def branches(self, rnd: Round, proposals: Proposals) -> list[Branch]:
-        """The proposals that apply to the parent's config, each a different factor."""
+    def branches(self, rnd: Round, proposals: Proposals, steps: int | None = None) -> list[Branch]:
+        """The proposals that apply to the parent's config, each a different factor; with `steps`
+        (the schedule's version length), each trains that many steps, and a proposal that changes
+        the steps itself is refused (the schedule owns them)."""
         parent_text = self.engine.config_text(rnd.parent)
         parent_config = self.engine.version_config(rnd.parent)
         dropped = {json.dumps(b.change, sort_keys=True): b.dropped for b in self.rounds.dropped(rnd.parent)}
         out: list[Branch] = []
         factors: set[str] = set()
         for iv in proposals.interventions:
+            if steps is not None and iv.template != CONTINUE and STEPS in iv.changes:
+                self.emit("refused", f"{iv.title()}: the schedule sizes every version's steps", round=rnd.id)
+                continue
             try:
                 source = Path(f"{rnd.parent}+{iv.template or 'model'}:{CONFIG_FILE}")
                 text, config = apply(iv, parent_text, source, self.engine.workspace.root)
+                if iv.is_control and steps is None:
+                    text = parent_text  # nothing changes, the comments included
+                if steps is not None and config.recipe.steps != steps:
+                    text = edit_toml(text, {STEPS: steps})
+                    config = parse_config(text, source, self.engine.workspace.root)
             except InterventionError as exc:
                 self.emit("refused", str(exc), round=rnd.id)
                 continue
             change = config_changes(parent_config, config)
-            if iv.is_control:
-                out.append(Branch(intervention=iv, text=parent_text, change={}, title=iv.title()))
+            if iv.is_control or iv.template == CONTINUE:  # the parent's recipe, trained on
+                out.append(Branch(intervention=iv, text=text, change=change, title=iv.title(parent_config)))
                 continue
-            if not change or factors & set(iv.factors):
+            if not change or (steps is not None and set(change) == {STEPS}) or factors & set(iv.factors):
                 self.emit("refused", f"{iv.title()}: no change, or a factor another branch already changes")
                 continue
             if (why := dropped.get(json.dumps(change, sort_keys=True))) is not None:

@@ -9,6 +9,7 @@ from engine.coach.context import CoachContext
 from engine.coach.interventions import Intervention
 from engine.coach.memory import failure_signature
 from engine.coach.rounds import Round
+from engine.coach.schedule import EXPLOIT, SegmentVerdict
 from engine.coach.skills import SkillLibrary, card_from_promotion
 from engine.harness.diagnose import Diagnosis
 from engine.verdict import Verdict
@@ -24,7 +25,7 @@ class Settler:
         rnd: Round,
         index: int,
         diagnosis: Diagnosis | None,
-        verdict: Verdict | None,
+        verdict: Verdict | SegmentVerdict | None,
         decision: str,
         reason: str,
     ) -> Round:
@@ -35,8 +36,11 @@ class Settler:
         assert name is not None
         engine = self.ctx.engine
         domain = engine.version_config(name).domain.name
-        against = self._against_control(rnd.parent, name, iv) if verdict is not None else None
-        if decision == "promoted" and verdict is not None:  # written first: the decision below is the unit
+        exploit = iv.template in EXPLOIT  # a segment of a lineage: judged on it, credited to no factor
+        against = self._against_control(rnd.parent, name, iv) if verdict is not None and not exploit else None
+        if (
+            decision == "promoted" and isinstance(verdict, Verdict) and not exploit
+        ):  # first: the decision below is the unit
             self._card(rnd, name, iv, diagnosis, verdict, against, domain)
         case = {"signature": failure_signature(diagnosis), "domain": domain, "parent": rnd.parent, "kind": iv.kind}
         case |= {"template": iv.template, "factor": iv.factor, "verdict": verdict.label if verdict else None}

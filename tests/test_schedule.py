@@ -1,0 +1,321 @@
+"""The step budget's schedule (`engine.coach.schedule`): lengths from power, and the judging of a
+lineage's segments, whose error rates are stated in the module and checked here by simulation
+against an independent oracle (scipy's normal distribution), not against the code itself."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from engine import verdict as verdict_module
+from engine.bench.arms import approve_everything
+from engine.coach.interventions import config_changes
+from engine.coach.loop import Coach
+from engine.coach.schedule import (
+    COMBINE,
+    CONTINUE,
+    POWER,
+    POWER_FACTOR,
+    Schedule,
+    SegmentVerdict,
+    margin,
+    power_length,
+    segment_label,
+)
+from engine.config import WorkspaceConfig
+from engine.core import Engine
+from engine.runs.spec import RunSpec
+from engine.verdict import Delta, Verdict, paired_bootstrap
+from engine.workspace import Workspace, init_workspace
+from tests.conftest import commit_workspace_toml, tiny_toml
+from tests.scripted_runs import Finished, ScriptedRunner
+
+#: The stated one-sided error rate of each test a segment passes (the 95% interval's lower end).
+ALPHA = 0.025
+
+
+def test_power_factor_is_the_normal_quantiles() -> None:
+    z = stats.norm.ppf
+    assert POWER_FACTOR == pytest.approx((z(0.975) + z(POWER)) / z(0.975), abs=1e-6)
+
+
+@pytest.mark.parametrize(("gain", "floor"), [(0.0012, 0.015), (0.0005, 0.04), (0.02, 0.03), (1e-5, 0.02)])
+def test_power_length_is_the_shortest_with_80_percent_power(gain: float, floor: float) -> None:
+    """At the length, an effect growing `gain` a step is seen beyond a floor of `floor` (the 95%
+    half-width, so the estimate's sd is floor / 1.96) with at least 80% power; a step less, not."""
+    sd = floor / stats.norm.ppf(0.975)
+
+    def power(n: int) -> float:
+        return float(stats.norm.sf(floor, loc=gain * n, scale=sd))
+
+    n = power_length(gain, floor)
+    assert n is not None
+    assert power(n) >= POWER - 1e-9
+    assert n == 1 or power(n - 1) < POWER
+
+
+def test_no_length_clears_a_floor_when_nothing_grows() -> None:
+    assert power_length(0.0, 0.02) is None
+    assert power_length(-0.001, 0.02) is None
+
+
+# -- judging segments ---------------------------------------------------------------------------------
+TASKS, PASSES = 300, 4
+
+
+def _scores(rng: np.random.Generator, difficulty: np.ndarray, effect: float) -> np.ndarray:
+    """Per task, the mean over PASSES sampled passes of a version `effect` better than the base."""
+    p = np.clip(difficulty + effect, 0.0, 1.0)
+    return rng.binomial(PASSES, p) / PASSES
+
+
+def _verdict(parent: str, child: str, a: np.ndarray, b: np.ndarray, seed: int) -> Verdict:
+    low, high = paired_bootstrap(a, b, seed)
+    return Verdict(parent, child, len(a), (Delta("sampled", float(a.mean()), float(b.mean()), low, high),))
+
+
+def _decide(rng: np.random.Generator, start: float, head: float, child: float, head_promoted: bool, seed: int) -> str:
+    difficulty = rng.uniform(0.1, 0.7, TASKS)
+    s, h, c = (_scores(rng, difficulty, e) for e in (start, head, child))
+    established = _verdict("S", "H", s, h, seed) if head_promoted else None
+    segment = SegmentVerdict(
+        _verdict("H", "C", h, c, seed + 1), _verdict("S", "C", s, c, seed + 2), margin(established)
+    )
+    return segment.label
+
+
+@pytest.fixture
+def quick_bootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Fewer resamples: each simulated decision bootstraps three comparisons, hundreds of times.
+    monkeypatch.setattr(verdict_module, "BOOTSTRAP_SAMPLES", 400)
+
+
+def _rate(labels: list[str]) -> tuple[float, float]:
+    """The share of promotions and its Monte Carlo standard error."""
+    p = sum(label == "improved" for label in labels) / len(labels)
+    return p, float(np.sqrt(max(p * (1 - p), ALPHA * (1 - ALPHA)) / len(labels)))
+
+
+@pytest.mark.usefixtures("quick_bootstrap")
+def test_a_lineage_no_better_than_its_start_is_promoted_at_most_at_the_stated_rate() -> None:
+    """The head gained, the segment gave it all back: the lineage (start -> segment) has no true
+    gain. Whatever the segment test says, the lineage test holds promotions to 2.5%."""
+    rng = np.random.default_rng(7)
+    labels = [_decide(rng, 0.0, 0.06, 0.0, head_promoted=False, seed=i) for i in range(300)]
+    rate, se = _rate(labels)
+    assert rate <= ALPHA + 3 * se
+
+
+@pytest.mark.usefixtures("quick_bootstrap")
+def test_a_segment_that_gives_back_half_the_established_gain_is_promoted_at_most_at_the_stated_rate() -> None:
+    """The head established +0.16 over the start; the segment loses half of it (+0.08 left, which
+    the lineage test alone would promote nearly always): the margin is half the *lower end* of the
+    established gain, never more than half the true gain, so the non-inferiority test refuses it
+    but for at most 2.5%."""
+    rng = np.random.default_rng(8)
+    lineage_alone = []
+    labels = []
+    for i in range(300):
+        difficulty = rng.uniform(0.1, 0.7, TASKS)
+        s, h, c = (_scores(rng, difficulty, e) for e in (0.0, 0.16, 0.08))
+        established = _verdict("S", "H", s, h, 3 * i)
+        segment = SegmentVerdict(_verdict("H", "C", h, c, 3 * i + 1), _verdict("S", "C", s, c, 3 * i + 2), None)
+        lineage_alone.append(segment.lineage.label)
+        labels.append(SegmentVerdict(segment.segment, segment.lineage, margin(established)).label)
+    rate, se = _rate(labels)
+    assert rate <= ALPHA + 3 * se
+    assert lineage_alone.count("improved") / len(lineage_alone) > 0.5  # the case is not vacuous
+
+
+@pytest.mark.usefixtures("quick_bootstrap")
+def test_small_real_gains_are_kept_where_a_test_of_each_increment_throws_them_away() -> None:
+    """Segments that each add a real gain too small for their own floor: judging every increment
+    by itself (the verdict against the parent) prunes most of them; the segment rule keeps them,
+    because the lineage beats its start and the segment gives nothing back. The rates come from
+    the same simulated runs, and each is compared with its normal-approximation prediction."""
+    rng = np.random.default_rng(9)
+    new, old = [], []
+    predicted_old = []
+    for i in range(200):
+        difficulty = rng.uniform(0.1, 0.7, TASKS)
+        s, h, c = (_scores(rng, difficulty, e) for e in (0.0, 0.08, 0.095))
+        established = _verdict("S", "H", s, h, 3 * i)
+        seg = _verdict("H", "C", h, c, 3 * i + 1)
+        segment = SegmentVerdict(seg, _verdict("S", "C", s, c, 3 * i + 2), margin(established))
+        new.append(segment.label)
+        old.append(seg.label)
+        # The increment's own test: its true gain 0.015 against its estimate's sd (its floor / 1.96).
+        main = seg.primary_delta
+        assert main is not None
+        predicted_old.append(float(stats.norm.sf(stats.norm.ppf(0.975) - 0.015 / (main.noise_floor / 1.96))))
+    new_rate, new_se = _rate(new)
+    old_rate, old_se = _rate(old)
+    assert old_rate == pytest.approx(np.mean(predicted_old), abs=4 * old_se)
+    assert new_rate - old_rate > 4 * np.hypot(new_se, old_se)
+
+
+def test_segment_label_reads_each_condition() -> None:
+    def v(low: float, high: float) -> Verdict:
+        return Verdict("a", "b", 100, (Delta("sampled", 0.5, 0.5 + (low + high) / 2, low, high),))
+
+    gain, flat, loss = v(0.01, 0.05), v(-0.02, 0.02), v(-0.05, -0.01)
+    assert segment_label(flat, gain, 0.03) == "improved"
+    assert segment_label(flat, gain, 0.01) == "insufficient evidence"  # may lose more than the margin
+    assert segment_label(flat, gain, None) == "improved"  # a provisional head: the lineage decides
+    assert segment_label(loss, gain, 0.1) == "regressed"  # worse than its parent beyond the floor
+    assert segment_label(gain, flat, 0.03) == "insufficient evidence"  # the lineage does not beat its start
+    assert margin(gain) == pytest.approx(0.005)
+    assert margin(flat) is None
+
+
+# -- the coach on a step budget (scripted runs: real artifacts, judged and decided for real) --------
+class LineageRunner(ScriptedRunner):
+    """A version answers correctly with probability 0.3, plus `bonus` for each factor its recipe
+    changed from v0's (the steps and the seed are no factor), plus `per_step` for every GRPO step
+    its lineage trained with such a factor (a change that pays keeps paying as it trains), minus
+    `drop` once that lineage trained more than `peak` steps."""
+
+    def __init__(self, bonus: float, per_step: float, peak: int = 10**9, drop: float = 0.0) -> None:
+        self.bonus, self.per_step, self.peak, self.drop = bonus, per_step, peak, drop
+        self.trained: dict[str, int] = {"v0": 0}
+        self.p: dict[str, float] = {}
+        self.base: WorkspaceConfig | None = None
+        super().__init__(self.p.__getitem__)
+
+    def start(self, run_dir: Path) -> Finished:
+        spec = RunSpec.load(run_dir)
+        if spec.kind == "warmup":
+            self.base = spec.config
+            self.p["v0"] = 0.3
+        elif spec.kind == "train":
+            assert self.base is not None and spec.model_in is not None
+            changed = {path.split(".")[1] for path in config_changes(self.base, spec.config)} - {"steps", "seed"}
+            self.trained[spec.version] = self.trained[spec.model_in.name] + spec.config.recipe.steps
+            steps = self.trained[spec.version] if changed else 0
+            p = 0.3 + self.bonus * len(changed) + self.per_step * steps - (self.drop if steps > self.peak else 0.0)
+            self.p[spec.version] = min(0.95, p)
+        return super().start(run_dir)
+
+
+def scripted(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch, runner: LineageRunner, val: int
+) -> Workspace:
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
+    ws = init_workspace(tmp_path / "ws")
+    ws.config_path.write_text(tiny_toml(sample_toml, val_size=val, sampled_seeds=4, grpo_steps=8))
+    commit_workspace_toml(ws, "scripted runs")
+    return ws
+
+
+def tree(engine: Engine) -> dict[str, tuple[str | None, str, str, int]]:
+    """version -> (parent, template, state, steps trained)."""
+    schedule = Schedule(engine.store)
+    rows = engine.store.query(
+        "SELECT v.name, v.parent, coalesce(i.template, ''), v.state FROM versions v"
+        " LEFT JOIN interventions i ON i.id = v.intervention_id ORDER BY CAST(substr(v.name, 2) AS INTEGER)"
+    )
+    return {name: (parent, template, state, schedule.version_steps(name)) for name, parent, template, state in rows}
+
+
+def lineage_of(versions: dict[str, tuple[str | None, str, str, int]], name: str) -> list[str]:
+    out = []
+    while name is not None and versions[name][0] is not None:
+        out.append(name)
+        name = versions[name][0]  # type: ignore[assignment]
+    return out
+
+
+def test_a_step_budget_screens_short_then_continues_the_winner(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factor that pays keeps paying as it trains (+0.0008 a step, a segment's gain well inside
+    its floor). The screen's branches train at most half the budget between them; the winner is
+    continued (each segment a `continue` child, promoted on its lineage), so the answer's lineage
+    carries every step the screen's losers did not take; the budget is spent to the step."""
+    runner = LineageRunner(bonus=0.15, per_step=0.0008)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    budget = 48
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=budget)
+        versions = tree(engine)
+        best = engine.best_version()
+    assert best is not None
+    screen = [v for v, (parent, template, _, _) in versions.items() if parent == "v0"]
+    screen_steps = sum(versions[v][3] for v in screen)
+    assert screen_steps <= budget // 2
+    assert sum(steps for *_, steps in versions.values()) == budget
+    lineage = lineage_of(versions, best.name)
+    continued = [v for v in lineage if versions[v][1] == CONTINUE]
+    assert continued and all(versions[v][2] == "promoted" for v in continued)
+    losers = [v for v in screen if v not in lineage]
+    assert sum(versions[v][3] for v in lineage) == budget - sum(versions[v][3] for v in losers)
+    # Each continuation's own verdict against its parent is inside the floor: the old rule would
+    # have pruned it and stopped the lineage there.
+    with Engine.open(ws.root) as engine:
+        labels = {v: engine.store.get_version(v).verdict for v in continued}  # type: ignore[union-attr]
+    assert "insufficient evidence" in labels.values(), labels
+
+
+def test_a_segment_that_loses_is_rejected_and_the_next_round_screens_from_the_head(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past 16 steps the lineage collapses (-0.2): its segment is rejected, the head stays, and
+    the steps left go to a screen from the head, not to another continuation of it."""
+    runner = LineageRunner(bonus=0.15, per_step=0.0, peak=16, drop=0.2)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=64)
+        versions = tree(engine)
+    failed = [v for v, (_, template, state, _) in versions.items() if template == CONTINUE and state != "promoted"]
+    assert failed, versions
+    head = versions[failed[0]][0]
+    after = [v for v, (parent, template, _, _) in versions.items() if parent == head and v > failed[0]]
+    assert after and all(versions[v][1] != CONTINUE for v in after), versions
+
+
+def test_two_factors_that_beat_the_control_are_combined_and_judged_against_the_best_one(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runner = LineageRunner(bonus=0.12, per_step=0.0)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=48)
+        versions = tree(engine)
+        combined = [v for v, (_, template, _, _) in versions.items() if template == COMBINE]
+        assert len(combined) == 1, versions
+        name = combined[0]
+        parent = versions[name][0]
+        assert parent is not None
+        winners = engine.store.query("SELECT id FROM cases WHERE vs_control = 'improved' ORDER BY id")
+        assert parent in {w for (w,) in winners} and len(winners) >= 2
+        # It carries the other winners' changes on top of its parent's, and was judged against its parent.
+        change = engine.store.query_one(
+            "SELECT i.change FROM versions v JOIN interventions i ON i.id = v.intervention_id WHERE v.name = ?",
+            [name],
+        )
+        assert change is not None
+        record = engine.store.get_version(name)
+        assert record is not None and record.state == "promoted", record
+        assert f"segment against {parent}" in (record.decision_reason or "")
+
+
+def test_a_screen_that_promotes_nothing_continues_its_best_branch_provisionally(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factor worth +0.004 a step is inside the floor of 200 val tasks after a short screen;
+    continued, its lineage clears the floor against the screen's parent and is promoted, though
+    the screen branch it continues was pruned."""
+    runner = LineageRunner(bonus=0.0, per_step=0.004)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=200)
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=64)
+        versions = tree(engine)
+        best = engine.best_version()
+    assert best is not None and versions[best.name][1] == CONTINUE, versions
+    lineage = lineage_of(versions, best.name)
+    winner = lineage[-1]
+    assert versions[winner][0] == "v0" and versions[winner][2] == "pruned", versions
+    assert "lineage against v0" in (best.decision_reason or "")
