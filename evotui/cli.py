@@ -221,6 +221,13 @@ def run(
     harness: Annotated[
         str | None, typer.Option(help="full, or score-only (the ablation); default: [coach] harness.")
     ] = None,
+    steps: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="A budget of GRPO steps: screen short, continue the winner longer (up to --versions versions).",
+        ),
+    ] = None,
 ) -> None:
     """Run the coach: diagnose, propose, backtest, train and judge VERSIONS versions, and decide.
 
@@ -231,7 +238,7 @@ def run(
         _fail(ValueError(f"--harness must be full or score-only, not {harness!r}"))
     try:
         if (path := engine_socket(workspace)) is not None:
-            _run_remote(path, versions, auto_approve, harness)
+            _run_remote(path, versions, auto_approve, harness, steps)
             return
         with Engine.open(workspace) as engine:
             console.print(f"Workspace [bold]{engine.workspace.root}[/] ({engine.config.workspace.name})")
@@ -250,7 +257,7 @@ def run(
             coach = Coach(engine, answer=answer, on_event=on_event, harness=harness)
             start = {v.name for v in engine.store.list_versions()}
             with progress:
-                result = coach.run(versions, _RunDisplay(progress))
+                result = coach.run(versions, _RunDisplay(progress), steps=steps)
             shown = ["v0", *result.trained] if "v0" not in start or result.trained else ["v0"]
             console.print(_versions_table(queries.versions(engine.store), shown))
             if (training := _training_table(engine, shown)) is not None:
@@ -285,7 +292,7 @@ def _progress() -> Progress:
     )
 
 
-def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | None) -> None:
+def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | None, steps: int | None) -> None:
     """`run` when an engine serves the workspace: it runs the coach; this follows its events and
     answers its gates at the terminal. Leaving (Ctrl-C, or a gate without a terminal) leaves the
     engine going."""
@@ -294,7 +301,7 @@ def _run_remote(path: Path, versions: int, auto_approve: bool, harness: str | No
             hello = client.call("hello")
             console.print(f"Workspace [bold]{hello['workspace']}[/] ({hello['name']}), engine pid {hello['pid']}")
             client.call("subscribe")
-            client.call("start", versions=versions, auto_approve=auto_approve, harness=harness)
+            client.call("start", versions=versions, auto_approve=auto_approve, harness=harness, steps=steps)
             progress = _progress()
             display = _RunDisplay(progress)
             with progress:

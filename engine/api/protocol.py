@@ -139,6 +139,8 @@ class AnswerParams(_Strict):
 
 class StartParams(_Strict):
     versions: int = Field(1, ge=1, le=100)
+    #: A budget of GRPO steps, spent as the coach's schedule plans (None: each version its recipe's steps).
+    steps: int | None = Field(None, ge=1)
     auto_approve: bool = False
     harness: Literal["full", "score-only"] | None = None
 

@@ -110,7 +110,7 @@ class CoachJob:
         result: dict[str, Any] = {}
         try:
             coach = Coach(self.engine, answer=self._answer, on_event=self._event, harness=self.params.harness)
-            outcome = coach.run(self.params.versions, progress=self._progress)
+            outcome = coach.run(self.params.versions, progress=self._progress, steps=self.params.steps)
             result = {
                 "trained": outcome.trained,
                 "decisions": outcome.decisions,

@@ -36,6 +36,7 @@ from engine.coach.backends.random_search import RandomPlanner
 from engine.coach.gates import Answer, Gate
 from engine.coach.interventions import CONTROL, config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
+from engine.coach.schedule import steps_spent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.domains import make_domain
@@ -305,15 +306,6 @@ def run_hand(engine: Engine, settings: BenchSettings, progress: ProgressFn | Non
     return "v1", None
 
 
-def steps_used(engine: Engine) -> int:
-    row = engine.store.query_one(
-        """SELECT coalesce(sum(s), 0) FROM (
-               SELECT max(m.step) AS s FROM metrics m JOIN runs r ON r.id = m.run_id
-               WHERE r.kind = 'train' GROUP BY m.run_id)"""
-    )
-    return int(row[0]) if row else 0
-
-
 def run_loop(
     engine: Engine,
     arm: str,
@@ -323,9 +315,10 @@ def run_loop(
     progress: ProgressFn | None,
     cpu_of: dict[str, float],
 ) -> tuple[str, str | None]:
-    """Coach rounds until the arm's versions used the budget; the arm's answer is its best
-    promoted version. Each version is charged the CPU spent since the previous run ended: its
-    round's diagnosis and proposal, its run and evaluation, and the diagnosis of that run."""
+    """Coach rounds until the arm's versions used the budget, spent as the coach's schedule plans
+    (screen short, continue the winner longer); the arm's answer is its best promoted version.
+    Each version is charged the CPU spent since the previous run ended: its round's diagnosis and
+    proposal, its run and evaluation, and the diagnosis of that run."""
 
     def on_event(event: CoachEvent) -> None:
         if event.kind in ("proposal", "verdict", "decision", "refused", "skill", "evolution", "escalation"):
@@ -345,10 +338,8 @@ def run_loop(
     harness = "score-only" if arm == "score-only" else "full"
     coach = Coach(engine, backend=backend, answer=approve_everything, on_event=on_event, harness=harness)
     stopped = None
-    while (used := steps_used(engine)) < settings.budget_steps:
-        # As many versions as the budget has room for, so that rounds keep their branches.
-        room = -(-(settings.budget_steps - used) // settings.version_steps)
-        result = coach.run(room, charge)
+    while (used := steps_spent(engine.store)) < settings.budget_steps:
+        result = coach.run(engine.config.budget.max_versions, charge, steps=settings.budget_steps - used)
         if not result.trained:
             stopped = result.stopped or "the coach trained nothing more"
             break
