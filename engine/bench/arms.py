@@ -42,8 +42,8 @@ from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.domains import make_domain
 from engine.harness.rules import is_blocking
 from engine.runs.artifacts import worker_cpu_seconds
-from engine.store import Store
-from engine.verdict import clean_split, per_task_correctness, split_scores
+from engine.store import RunRecord, Store
+from engine.verdict import Scores, clean_split, per_task_correctness, split_scores
 from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
 
@@ -387,7 +387,7 @@ def run_arm(
         for r in rows:
             if r.name == final or (r.decision == "promoted" and r.parent is not None):
                 leaky = _leaky_config(engine.version_config(r.name), settings) if r.name == final else None
-                run, scores = engine.evaluate(r.name, "test", config=leaky)
+                run, scores = _test_evaluation(engine, r.name, leaky)
                 tested[r.name] = (run.id, scores)
                 r.test_sampled = scores.sampled
                 by_task = per_task_correctness(engine.store, run.id, "sampled", "test")
@@ -417,6 +417,25 @@ def run_arm(
     )
 
 
+def _test_evaluation(engine: Engine, version: str, leaky: WorkspaceConfig | None) -> tuple[RunRecord, Scores]:
+    """The version's evaluation on test (and, with `leaky`, on test_leaky): v0's was made once in
+    the seed's base clone, before the arms were copied from it (`run_seed`), and is read from there;
+    any other version is evaluated here."""
+    splits = ("test", "test_leaky") if leaky is not None else ("test",)
+    if version == BASE:
+        row = engine.store.query_one(
+            """SELECT r.id FROM runs r WHERE r.version = ? AND r.kind = 'eval' AND r.state = 'succeeded'
+               AND (SELECT count(DISTINCT o.split) FROM rollouts o WHERE o.run_id = r.id AND list_contains(?, o.split)) = ?
+               ORDER BY r.ended_at DESC LIMIT 1""",
+            [version, list(splits), len(splits)],
+        )
+        if row is not None:
+            run = engine.store.get_run(row[0])
+            assert run is not None
+            return run, split_scores(engine.store, run.id, "test")
+    return engine.evaluate(version, "test", config=leaky)
+
+
 def transfer_skills(template: str, dest: Path, settings: BenchSettings, say: Say) -> list[Path]:
     """One round of the full loop on another domain's template, with that template's own version
     length and val set (shorter versions promoted nothing there); the skill cards it writes."""
@@ -440,6 +459,9 @@ def run_seed(
     with Engine(base) as engine:
         cpu, wall = _cpu_seconds(engine.store), time.perf_counter()
         engine.ensure_base()
+        # v0's test evaluation, once for every arm (each copies this clone): in the arms' leaky
+        # environment too where the benchmark has one (the answer of an arm that promoted nothing).
+        engine.evaluate(BASE, "test", config=_leaky_config(engine.version_config(BASE), settings))
         v0_cpu, v0_wall = _cpu_seconds(engine.store) - cpu, time.perf_counter() - wall
     results = []
     for arm in ARMS:
