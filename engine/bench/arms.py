@@ -170,6 +170,8 @@ def _arm_edits(config: WorkspaceConfig, settings: BenchSettings, seed: int) -> d
         "policy.warmup.seed": seed,
         "recipe.steps": settings.version_steps,
         "budget.max_train_steps": max(config.budget.max_train_steps, settings.budget_steps),
+        # The step budget bounds the loops; a version trains at least one step.
+        "budget.max_versions": max(config.budget.max_versions, settings.budget_steps),
         "gates.after_diagnosis": False,
         "gates.after_design": False,
         "gates.after_backtest": False,
