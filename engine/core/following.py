@@ -81,9 +81,12 @@ class RunFollower:
         model_in: Path | None,
         model_out: Path | None,
         split: Literal["val", "test"],
+        resume_from: Path | None = None,
+        reference: Path | None = None,
     ) -> RunRecord:
         """The run to run: an unfinished one of the same version, kind and split (its engine
-        stopped or died), taken up where it stands, or else a new one."""
+        stopped or died), taken up where it stands, or else a new one (a continuation: resuming
+        from `resume_from`, with the KL term's `reference`; see `RunSpec`)."""
         for run in reversed(self.store.list_runs(version)):
             if run.kind == kind and run.state in UNFINISHED and (Path(run.run_dir) / SPEC_FILE).exists():
                 if RunSpec.load(Path(run.run_dir)).split == split:
@@ -99,6 +102,8 @@ class RunFollower:
             model_out=model_out,
             workspace=self.workspace.root,
             split=split,
+            resume_from=resume_from,
+            reference=reference,
         )
         spec.save(run_dir)
         self.store.add_run(run_id, version, kind, str(run_dir), spec.config.model_dump(mode="json"), spec.total_steps)

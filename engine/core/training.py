@@ -1,6 +1,6 @@
-"""Training and evaluating versions: v0's warm-up, a child's GRPO run from its parent's checkpoint,
-an evaluation of a checkpoint, each run to its end (`RunFollower`), then scored and diagnosed
-(`Judge`)."""
+"""Training and evaluating versions: v0's warm-up, a child's GRPO run from its parent's checkpoint
+(resuming the parent's training where only the steps differ: `engine.runs.continuation`), an
+evaluation of a checkpoint, each run to its end (`RunFollower`), then scored and diagnosed (`Judge`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from engine.core.deciding import Decisions
 from engine.core.following import ProgressFn, RunFailed, RunFollower, RunUpdate
 from engine.core.judging import Judge
 from engine.harness.loader import Layers
+from engine.runs.continuation import continues_training, kept_checkpoint
 from engine.runs.spec import RunKind, RunSpec
 from engine.store import RunRecord, VersionRecord
 from engine.verdict import Scores, split_scores
@@ -120,13 +121,30 @@ class Training:
         if parent is None or not parent.checkpoint:
             raise ValueError(f"parent {record.parent} of {version} has no checkpoint")
         config = self.reader.version_config(version)
+        model_in = self.workspace.root / parent.checkpoint
+        resume_from, reference = self._continuation(parent, config, model_in)
         if layers is not None and "behavior" not in layers:
             # The collapse guard reads behavior; a harness without that layer does not have it.
             guard = config.recipe.collapse_guard.model_copy(update={"enabled": False})
             config = config.model_copy(update={"recipe": config.recipe.model_copy(update={"collapse_guard": guard})})
         self.store.update_version(version, state="training")
         out = self.workspace.model_dir(version)
-        return self.follower.record(version, "train", config, self.workspace.root / parent.checkpoint, out, "val")
+        return self.follower.record(version, "train", config, model_in, out, "val", resume_from, reference)
+
+    def _continuation(
+        self, parent: VersionRecord, config: WorkspaceConfig, model_in: Path
+    ) -> tuple[Path | None, Path | None]:
+        """Where a child resumes its parent's training (`continues_training`), and its KL term's
+        reference, that of the parent's run; (None, None): it starts afresh from the parent's
+        weights (another change, or a parent whose run kept no checkpoint: v0, a stopped run)."""
+        if not continues_training(self.reader.version_config(parent.name), config):
+            return None, None
+        kept = kept_checkpoint(model_in)
+        run = self.reader.train_run(parent.name)
+        if kept is None or run is None:
+            return None, None
+        spec = RunSpec.load(Path(run.run_dir))
+        return kept, spec.reference or spec.model_in
 
     def _conclude(
         self, run: RunRecord, update: RunUpdate, progress: ProgressFn | None, layers: Layers, split: str

@@ -7,7 +7,7 @@ it, which the resumed worker replays.
 
 They are saved into the checkpoint rather than rebuilt from the run's stored steps on resume:
 - The file is written into the checkpoint folder before transformers writes `trainer_state.json`,
-  the file that makes a checkpoint whole (`worker.last_checkpoint`). A whole checkpoint therefore
+  the file that makes a checkpoint whole (`continuation.last_checkpoint`). A whole checkpoint therefore
   always carries the state of its own step, and a checkpoint cut off mid-save is skipped together
   with it: no second notion of "the last good step" to keep in agreement with TRL's.
 - A rebuild would read rollout files that run past the checkpoint (the killed worker wrote the
@@ -16,6 +16,10 @@ They are saved into the checkpoint rather than rebuilt from the run's stored ste
   stores only its share of a batch, while each rank's filter and guard saw their own.
 - A stop is itself state: it is kept with the weights of the step the guard stopped at, so a
   resumed stopped run ends at once with the same reason instead of replaying its way there.
+
+A continuation (`engine.runs.continuation`) resumes from its parent's final checkpoint, file and
+all: the guard's windows and the filter's threshold go on across a lineage's segments as they do
+across one run's steps.
 """
 
 from __future__ import annotations

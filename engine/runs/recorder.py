@@ -37,8 +37,12 @@ class RolloutRecorder:
         num_generations: int,
         eos_token_ids: Sequence[int],
         events: EventLog | None,
+        start: int = 0,
     ):
         self.run_id = run_id
+        #: TRL's global step at the run's start (a continuation's parent's last): the steps the
+        #: recorder writes are the run's own, 1..recipe.steps.
+        self.start = start
         self.run_dir = run_dir
         self.domain = domain
         self.weights = weights
@@ -117,7 +121,7 @@ class RolloutRecorder:
                 scores = [float(component(self._tasks[t], c)) for t, c in zip(task_id, completions, strict=True)]
             self._pending[name] = scores
             if len(self._pending) == len(self.components):
-                self._flush(completions, completion_ids, task_id, kw["trainer_state"].global_step + 1)
+                self._flush(completions, completion_ids, task_id, kw["trainer_state"].global_step + 1 - self.start)
             return scores
 
         # TRL names the component's metrics (`rewards/<name>/mean`) after the function.

@@ -30,6 +30,12 @@ class RunSpec(BaseModel):
     workspace: Path | None = None
     #: The split a run evaluates: val (every run), or test (an eval run `evotui eval --split test` asks for).
     split: Literal["val", "test"] = "val"
+    #: A train run that continues its parent's training (`engine.runs.continuation`): the parent's
+    #: kept final checkpoint, which it resumes from and trains `recipe.steps` more steps after.
+    resume_from: Path | None = None
+    #: The reference policy of the KL term (`recipe.beta`) when it is not `model_in`: a continuation
+    #: keeps its lineage's, the policy the lineage's first segment started from.
+    reference: Path | None = None
 
     @property
     def total_steps(self) -> int:

@@ -7,8 +7,8 @@ or evaluates, and reports only through files in RUN_DIR (see `engine.runs.artifa
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import resource
 import shutil
 import sys
@@ -20,15 +20,16 @@ import numpy as np
 import torch
 from datasets import Dataset
 from transformers import TrainerCallback
-from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOConfig, GRPOTrainer
 from trl.extras.profiling import profiling_context
+from trl.trainer.utils import RepeatSampler
 
 from engine import faults
 from engine.config import CollapseGuardConfig, DataConfig, RecipeConfig
 from engine.domains import Domain, make_domain
 from engine.policy.pretrained import (
+    POINTER_FILE,
     PromptFormat,
     is_adapter,
     load_model,
@@ -41,6 +42,7 @@ from engine.policy.sampler import generate_ids, plain_sampling, supports
 from engine.policy.tiny import build_tiny_policy, warmup_policy
 from engine.runs import checkpoint_state, lock
 from engine.runs.artifacts import EVENTS_FILE, EventLog, write_rollouts
+from engine.runs.continuation import checkpoint_step, keep, last_checkpoint
 from engine.runs.evaluate import evaluate, sample_groups
 from engine.runs.group_filter import GroupFilter
 from engine.runs.guard import CollapseGuard, step_stats
@@ -128,15 +130,17 @@ def grpo_args(
     report_to: list[str] | None = None,
     run_name: str | None = None,
     machine: dict[str, Any] | None = None,
+    start: int = 0,
 ) -> GRPOConfig:
     """TRL's GRPOConfig for a recipe: one generation batch per optimizer step, logged every step
     (to `report_to`'s trackers too, under `run_name`), checkpointed every `save_every` steps; on
     the machine `machine` describes (`launch.generation_args`: the CPU in float32 when left out,
-    else CUDA with bf16 and vLLM generation where they apply)."""
+    else CUDA with bf16 and vLLM generation where they apply). A continuation starts at TRL's global
+    step `start` (its parent's last) and trains `recipe.steps` more."""
     machine = machine or {"use_cpu": True, "bf16": False, "use_vllm": False}
     return GRPOConfig(
         output_dir=str(output_dir),
-        max_steps=recipe.steps,
+        max_steps=start + recipe.steps,
         per_device_train_batch_size=recipe.batch_size,
         num_generations=recipe.num_generations,
         learning_rate=recipe.learning_rate,
@@ -198,11 +202,18 @@ def grpo_dataset(domain: Domain, data: DataConfig, fmt: PromptFormat | None = No
     )
 
 
+def run_start(spec: RunSpec) -> int:
+    """TRL's global step at the run's start: its parent's last for a continuation, else 0. The
+    steps the run records count from it (1..recipe.steps); TRL's own count from the lineage's start."""
+    return checkpoint_step(spec.resume_from) if spec.resume_from is not None else 0
+
+
 def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> FilteringGRPOTrainer:
     """A TRL GRPOTrainer for the spec's recipe, recording every rollout and step metric."""
     assert spec.model_in is not None
     cfg = spec.config
     recipe = cfg.recipe
+    start = run_start(spec)
     domain = make_domain(cfg.domain, spec.workspace)
     fmt = PromptFormat.of(cfg.policy, domain)
     # A child of a LoRA version trains on its parent's adapter; the first LoRA version gets a new one.
@@ -210,10 +221,17 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Filter
     model, tokenizer = load_policy(spec.model_in, cfg.policy.dtype, trainable=continues)
     lora = peft_config(cfg.policy.lora) if cfg.policy.lora is not None and not continues else None
     recorder = RolloutRecorder(
-        spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events
+        spec.run_id, run_dir, domain, recipe.rewards, recipe.num_generations, [tokenizer.eos_token_id], events, start
     )
     guard = _GuardCallback(recipe, recorder, events)
-    return FilteringGRPOTrainer(
+    guard.start = start
+    # TRL builds the KL term's reference from the name the policy was loaded under (a LoRA policy's
+    # is its base with the adapter off, the same for every segment): a continuation's is the one its
+    # lineage's first segment started from, as in one long run.
+    name = model.config.name_or_path
+    if recipe.beta and spec.reference is not None and not continues:
+        model.config.name_or_path = _source(spec.reference)
+    trainer = FilteringGRPOTrainer(
         model=model,
         processing_class=tokenizer,
         reward_funcs=recorder.reward_functions(),
@@ -224,10 +242,11 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Filter
             report_to=trackers(cfg.tracking.report_to),
             run_name=spec.run_id,
             machine=generation_args(cfg.compute, cfg.policy.dtype),
+            start=start,
         ),
         train_dataset=grpo_dataset(domain, cfg.data, fmt),
         peft_config=lora,
-        callbacks=[_EventCallback(spec, run_dir, events, tokenizer), guard],
+        callbacks=[_EventCallback(spec, run_dir, events, tokenizer, start), guard],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
         if recorder.agentic
@@ -236,6 +255,15 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Filter
         recorder=recorder,
         guard=guard.guard,
     )
+    model.config.name_or_path = name
+    return trainer
+
+
+def _source(model_dir: Path) -> str:
+    """What a version's model directory is loaded from: itself, or the model its pointer names
+    (a pretrained v0 without a warm-up, `save_pointer`)."""
+    pointer = model_dir / POINTER_FILE
+    return json.loads(pointer.read_text(encoding="utf-8"))["name_or_path"] if pointer.is_file() else str(model_dir)
 
 
 class FilteringGRPOTrainer(GRPOTrainer):
@@ -264,6 +292,10 @@ class FilteringGRPOTrainer(GRPOTrainer):
 
     def _state_file(self, checkpoint: Path) -> Path:
         return checkpoint_state.state_file(checkpoint, self.args.process_index, self.args.world_size)
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        sampler = super()._get_train_sampler(dataset)
+        return EpochSampler.like(sampler) if isinstance(sampler, RepeatSampler) else sampler
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         # First, so that it is in every checkpoint transformers marks whole: it writes
@@ -335,44 +367,79 @@ class FilteringGRPOTrainer(GRPOTrainer):
         return completion_ids, None
 
 
-class _EventCallback(TrainerCallback):
-    """Per-step metrics (TRL's names) into the event log, and evaluation every K steps."""
+class EpochSampler(RepeatSampler):
+    """TRL's RepeatSampler, whose order in epoch E is the same however the run reached E.
 
-    def __init__(self, spec: RunSpec, run_dir: Path, events: EventLog, tokenizer: Any):
+    TRL draws each epoch's permutation of the train prompts from one generator seeded once, when
+    the trainer is built; a checkpoint does not keep it. A run resumed in epoch E > 0 (a
+    continuation, a relaunched worker) would draw epoch 0's order again, and train on other prompts
+    than the uninterrupted run. transformers calls `set_epoch` before each epoch: the generator is
+    put where the uninterrupted run has it then (seeded, E permutations drawn), which leaves that
+    run's order as it was."""
+
+    @classmethod
+    def like(cls, sampler: RepeatSampler) -> EpochSampler:
+        return cls(
+            sampler.data_source,
+            sampler.mini_repeat_count,
+            sampler.batch_size,
+            sampler.repeat_count,
+            sampler.shuffle,
+            sampler.seed,
+        )
+
+    def set_epoch(self, epoch: int) -> None:
+        if self.shuffle and self.seed is not None:
+            self.generator.manual_seed(self.seed)
+            for _ in range(epoch):
+                torch.randperm(self.num_samples, generator=self.generator)
+
+
+class _EventCallback(TrainerCallback):
+    """Per-step metrics (TRL's names) into the event log, and evaluation every K steps. Steps are
+    the run's own, counted from TRL's global step `start` (a continuation's parent's last)."""
+
+    def __init__(self, spec: RunSpec, run_dir: Path, events: EventLog, tokenizer: Any, start: int = 0):
         self.spec = spec
         self.run_dir = run_dir
         self.events = events
         self.tokenizer = tokenizer
+        self.start = start
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.events.write("start", total_steps=state.max_steps)
+        self.events.write("start", total_steps=state.max_steps - self.start)
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs:
             return
         values = {k: float(v) for k, v in logs.items() if isinstance(v, int | float)}
-        if "train_runtime" in logs:
-            self.events.write("summary", step=state.global_step, values=values)
-        else:
-            self.events.write("metrics", step=state.global_step, values=values)
+        kind = "summary" if "train_runtime" in logs else "metrics"
+        self.events.write(kind, step=state.global_step - self.start, values=values)
 
     def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **kw: Any) -> None:
         faults.point("grpo-step")  # before this step's checkpoint is saved
+        if state.global_step >= state.max_steps:
+            control.should_save = True  # whatever `save_every` says: the last step is the version's resume point
+        step = state.global_step - self.start
         every = self.spec.config.recipe.eval_every
         if (
             every
             and state.is_world_process_zero
-            and state.global_step % every == 0
+            and step % every == 0
             and state.global_step < state.max_steps
             and model is not None
         ):
-            _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, state.global_step)
+            _evaluate_and_log(self.spec, self.run_dir, self.events, model, self.tokenizer, step)
 
 
 class _GuardCallback(TrainerCallback):
     """The collapse guard on each step's train episodes (multi-turn domains): ends training
     early, saves a checkpoint at the step it stopped at (which keeps the stop), then writes a
     `stopped` event that says why."""
+
+    #: TRL's global step at the run's start (`run_start`; `build_grpo_trainer` sets it): the
+    #: `stopped` event's step is the run's own.
+    start = 0
 
     def __init__(self, recipe: RecipeConfig, recorder: RolloutRecorder, events: EventLog):
         self.guard = CollapseGuard(recipe.collapse_guard)
@@ -397,30 +464,25 @@ class _GuardCallback(TrainerCallback):
         # resumes from an earlier checkpoint and replays, so the engine never records a stop
         # that its run has not kept.
         if self.guard.stopped is not None and not self.announced:
-            self.events.write("stopped", step=state.global_step, reason=self.guard.stopped)
+            self.events.write("stopped", step=state.global_step - self.start, reason=self.guard.stopped)
             self.announced = True
 
 
-def last_checkpoint(trainer_dir: Path) -> Path | None:
-    """The latest whole checkpoint TRL saved under `trainer_dir`: transformers writes
-    `trainer_state.json` last, so a checkpoint without one was cut off mid-save (skipped)."""
-    whole = {
-        int(m[1]): d
-        for d in trainer_dir.glob("checkpoint-*")
-        if (m := re.fullmatch(r"checkpoint-(\d+)", d.name)) and (d / TRAINER_STATE_NAME).is_file()
-    }
-    return whole[max(whole)] if whole else None
-
-
 def run_train(spec: RunSpec, run_dir: Path, events: EventLog, resuming: bool = False) -> None:
-    """GRPO from the spec's checkpoint; a relaunched worker (`resuming`) goes on from TRL's latest
-    checkpoint of this run, with the collapse guard and the group filter as they were at its step,
-    and says from which step in a `resume` event (-1: from the start). A run the guard stopped
-    stays stopped: it goes on to the evaluation, and says again why it stopped."""
+    """GRPO from the spec's checkpoint, or for a continuation (`spec.resume_from`) from its parent's
+    final TRL checkpoint, `recipe.steps` more steps; a relaunched worker (`resuming`) goes on from
+    TRL's latest checkpoint of this run (a continuation without one yet: from its parent's again),
+    with the collapse guard and the group filter as they were at its step, and says from which of
+    the run's steps in a `resume` event (-1: from the start). A run the guard stopped stays stopped:
+    it goes on to the evaluation, and says again why it stopped. A run that trained to its end
+    keeps its final checkpoint in its version's model directory (`continuation.keep`): the point a
+    continuation of the version resumes from."""
     assert spec.model_in is not None and spec.model_out is not None
     # Every rank resumes from the same checkpoint (a fresh run has none); rank 0 says so.
-    checkpoint = last_checkpoint(run_dir / TRAINER_DIR)
-    step = int(checkpoint.name.rpartition("-")[2]) if checkpoint else -1
+    own = last_checkpoint(run_dir / TRAINER_DIR)
+    checkpoint = own or spec.resume_from
+    start = run_start(spec)
+    step = checkpoint_step(own) - start if own is not None else -1
     trainer = build_grpo_trainer(spec, run_dir, events)
     if checkpoint is not None:
         trainer.restore_checkpoint_state(checkpoint)
@@ -434,9 +496,13 @@ def run_train(spec: RunSpec, run_dir: Path, events: EventLog, resuming: bool = F
         trainer._load_from_checkpoint(str(checkpoint))
     else:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        step = trainer.state.global_step
+        step = trainer.state.global_step - start
     if not is_main_process():
         return
+    if trainer.guard.stopped is None:  # a run the guard stopped is not continued
+        last = last_checkpoint(run_dir / TRAINER_DIR)
+        assert last is not None and checkpoint_step(last) == start + step, (last, start + step)
+        keep(last, spec.model_out)
     save_policy(trainer.model, trainer.processing_class, spec.model_out)
     events.write("checkpoint", path=str(spec.model_out), step=step)
     _evaluate_and_log(spec, run_dir, events, trainer.model, trainer.processing_class, step)
