@@ -174,7 +174,10 @@ def test_the_main_table_has_one_row_per_arm_with_seed_spread() -> None:
     assert [r[0] for r in rows[1:]] == ["base", "hand", "score-only", "random", "full"]
     full = rows[-1]
     assert full[1] == "0.500 ± 0.000" and full[2] == "0.500 ± 0.040" and full[4] == "2" and full[5] == "40"
-    assert full[7] == "2 promoted, 2 rejected"
+    # The answer v2 carries its own 20 steps; the rejected sibling v1 spent the other 20.
+    assert rows[0][6] == "lineage steps" and full[6] == "20/40 (50%)"
+    assert rows[1][6] == "-"  # the base arm trained nothing
+    assert full[8] == "2 promoted, 2 rejected"
 
 
 def test_plots_keep_a_reward_above_one_in_range(tmp_path: Path) -> None:

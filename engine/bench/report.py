@@ -1,5 +1,6 @@
 """The benchmark's findings, from the arms' stores, and its report: Markdown with a table, a PNG
-plot per arm, and the same plots for a terminal.
+plot per arm, and the same plots for a terminal; where each arm spent its steps (the share in its
+answer's lineage) and one figure of every arm's test score against the steps it spent.
 
 Scores are on test, which no arm decided on: a score chosen on val and reported on val carries a
 winner's-curse bias. Every finding is computed, never asserted: each says what was looked for,
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from engine.bench.arms import ArmResult, BenchRun
+from engine.bench.arms import ARMS, ArmResult, BenchRun, VersionRow
 from engine.grpo import DEAD_STD
 from engine.store import Store
 from engine.verdict import paired_bootstrap
@@ -375,6 +376,145 @@ def findings(run: BenchRun, domain: str) -> list[BenchFinding]:
     ]
 
 
+# -- where the steps went ---------------------------------------------------------------------------
+def lineage(result: ArmResult) -> list[VersionRow]:
+    """The arm's answer and its ancestors, oldest first: the versions whose training the answer
+    carries (a continuation resumes its parent's training, so a lineage is one run in segments).
+    The chain stops at a version whose parent is not among the arm's rows (it cannot be counted,
+    and no step is invented for it); empty when the answer itself is not among them."""
+    by_name = {v.name: v for v in result.versions}
+    chain: list[VersionRow] = []
+    name: str | None = result.final
+    while name is not None and name in by_name and all(v.name != name for v in chain):
+        chain.append(by_name[name])
+        name = by_name[name].parent
+    return chain[::-1]
+
+
+def lineage_steps(result: ArmResult) -> tuple[int, int]:
+    """(GRPO steps in the answer's lineage, all the steps the arm spent): how much of the budget
+    the answer was trained with. A loop spends the rest on siblings that lost (screens, controls,
+    rejected continuations); the hand recipe spends all of it in its one version; v0 trains none.
+    Measured because a loop's answer can carry a small share of the steps it was charged with, so
+    a loop and the hand recipe at "the same budget" need not have trained their answers equally."""
+    return sum(v.steps for v in lineage(result)), result.steps
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{part:.0f}/{whole:.0f} ({part / whole:.0%})" if whole else "-"
+
+
+def lineage_cell(results: list[ArmResult]) -> str:
+    """One arm's lineage steps over seeds, for the main table: the mean over seeds of the steps in
+    its answer's lineage against the mean it spent, and their ratio (the share of all its steps
+    over seeds, so the percentage is the fraction shown); "-" for an arm that trained nothing."""
+    pairs = [lineage_steps(r) for r in results]
+    return _share(statistics.mean(p[0] for p in pairs), statistics.mean(p[1] for p in pairs)) if pairs else "-"
+
+
+def lineage_lines(results: list[ArmResult]) -> list[str]:
+    """Per seed and arm: the answer's lineage with each version's steps, its share of the arm's
+    steps, and how many steps went into versions outside it."""
+    lines = []
+    for seed, arms in _by_seed(results).items():
+        for arm, r in arms.items():
+            chain = lineage(r)
+            inside, spent = lineage_steps(r)
+            if not chain:
+                lines.append(f"seed {seed}, {arm}: its answer {r.final} is not among its versions; {spent} steps spent")
+                continue
+            path = " -> ".join(v.name if v.parent is None else f"{v.name} ({v.steps})" for v in chain)
+            names = {v.name for v in chain}
+            outside = [v for v in r.versions if v.parent is not None and v.name not in names]
+            line = f"seed {seed}, {arm}: {path}, " + (
+                f"{inside} of {spent} steps ({inside / spent:.0%}); {spent - inside} in {len(outside)} other version(s)"
+                if spent
+                else "no GRPO step spent"
+            )
+            if chain[0].parent is not None:
+                line += (
+                    f" ({chain[0].name}'s parent {chain[0].parent} is not among the arm's versions:"
+                    f" the lineage is counted from {chain[0].name})"
+                )
+            lines.append(line)
+    return lines
+
+
+@dataclass(frozen=True)
+class StepsCurve:
+    """One arm's answer in one seed as its steps were spent: (cumulative GRPO steps of the arm when
+    the version was trained, test sampled score) for v0 (at 0) and each version of the answer's
+    lineage that was tested, in creation order; `spent` is all the arm's steps, where its answer
+    stands when the budget is gone."""
+
+    arm: str
+    seed: int
+    points: list[tuple[int, float]]
+    spent: int
+
+
+def steps_curves(results: list[ArmResult]) -> list[StepsCurve]:
+    """Test score against steps spent, per seed and arm. The steps are cumulative over every
+    version the arm trained, siblings included (what it cost to reach that version, as the compute
+    finding counts them), not the lineage's own. Only the lineage is scored on test: the report's
+    evaluations cover the answer and its promoted ancestors. v0's score is the arm's own test of
+    v0 when it has one (its answer is v0), else the base arm's of the same seed (the same
+    checkpoint; every arm starts from it)."""
+    curves = []
+    for seed, arms in _by_seed(results).items():
+        base = arms.get("base")
+        for arm, r in arms.items():
+            chain = {v.name for v in lineage(r)}
+            points: list[tuple[int, float]] = []
+            spent = 0
+            for v in r.versions:
+                spent += v.steps
+                score = r.test_sampled if v.name == r.final else v.test_sampled
+                if v.parent is None:
+                    if score is None and base is not None:
+                        score = base.test_sampled
+                    if score is not None:
+                        points.append((0, score))
+                elif v.name in chain and score is not None:
+                    points.append((spent, score))
+            curves.append(StepsCurve(arm, seed, points, r.steps))
+    return curves
+
+
+def plot_steps_png(results: list[ArmResult], path: Path) -> Path:
+    """All arms in one figure, a panel per seed: each arm's answer's test score against the steps
+    it had spent, dotted on to all it spent; the base arm (v0) as a horizontal line to read
+    gains from."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves = steps_curves(results)
+    seeds = list(dict.fromkeys(c.seed for c in curves))
+    order = list(dict.fromkeys([*ARMS, *(c.arm for c in curves)]))
+    colors = {arm: f"C{i}" for i, arm in enumerate(order)}
+    fig, axes = plt.subplots(1, len(seeds), figsize=(4.8 * len(seeds) + 1.6, 3.8), dpi=100, squeeze=False)
+    for ax, seed in zip(axes[0], seeds, strict=True):
+        for c in (c for c in curves if c.seed == seed and c.points):
+            xs, ys = [p[0] for p in c.points], [p[1] for p in c.points]
+            if c.arm == "base":
+                ax.axhline(ys[-1], color=colors[c.arm], linestyle="--", linewidth=1, label="base (v0)")
+                continue
+            ax.plot(xs, ys, "o-", color=colors[c.arm], label=c.arm)
+            if c.spent > xs[-1]:
+                ax.plot([xs[-1], c.spent], [ys[-1], ys[-1]], ":", color=colors[c.arm])
+        ax.set_title(f"seed {seed}")
+        ax.set_xlabel("GRPO steps spent by the arm")
+    axes[0][0].set_ylabel("test sampled (answer's lineage)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("Test score against steps spent (dotted: steps spent after the answer was trained)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 # -- the table and the plots ------------------------------------------------------------------------
 def _mean_sd(values: Iterable[float | None]) -> str:
     xs = [x for x in values if x is not None]
@@ -385,7 +525,8 @@ def _mean_sd(values: Iterable[float | None]) -> str:
 
 def main_table(results: list[ArmResult]) -> list[list[str]]:
     """Rows per arm over seeds: test greedy (mean ± sd over seeds), test sampled with its noise
-    floor, val as the arm saw it, versions, steps, CPU seconds, decisions."""
+    floor, val as the arm saw it, versions, steps, the steps in the answer's lineage, CPU seconds,
+    decisions."""
     rows = [
         [
             "arm",
@@ -394,6 +535,7 @@ def main_table(results: list[ArmResult]) -> list[list[str]]:
             "val as seen",
             "versions",
             "GRPO steps",
+            "lineage steps",
             "CPU s",
             "decisions (all seeds)",
         ]
@@ -415,6 +557,7 @@ def main_table(results: list[ArmResult]) -> list[list[str]]:
                 _mean_sd(r.seen_greedy for r in rs),
                 f"{statistics.mean(sum(v.parent is not None for v in r.versions) for r in rs):.3g}",
                 f"{statistics.mean(r.steps for r in rs):.0f}",
+                lineage_cell(rs),
                 f"{statistics.mean(r.cpu_seconds for r in rs):.0f}",
                 ", ".join(f"{n} {k}" for k, n in sorted(decisions.items())) or "-",
             ]
@@ -490,7 +633,9 @@ def _markdown_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[str, Path]) -> str:
+def render(
+    run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[str, Path], steps_plot: Path | None = None
+) -> str:
     s = run.settings
     out = [
         f"# Autonomy benchmark {run.bench_id}",
@@ -501,7 +646,8 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
         " the clean environment"
         + (f" (the arms trained with the leak on {s.leak_rate:.0%} of tasks)" if s.leak_rate else "")
         + ". ± after a greedy score is its spread over seeds; after a sampled score, the 95% noise floor over"
-        " test tasks.",
+        " test tasks. *lineage steps*: the GRPO steps in the answer's lineage (the final version and its"
+        " ancestors) of all the arm spent, means over seeds.",
         "",
         _markdown_table(main_table(run.results)),
         "",
@@ -509,6 +655,22 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
     for f in found:
         out += [f"## {f.title}", "", f"**{f.verdict()}**", ""]
         out += [f"- {line}" for line in f.lines] + [""]
+    out += ["## Where the steps went", ""]
+    out += [
+        "The GRPO steps in each arm's answer's lineage (each version's own steps in parentheses) against all it"
+        " spent; the rest went into versions outside the lineage (screens, controls, rejected branches).",
+        "",
+    ]
+    out += [f"- {line}" for line in lineage_lines(run.results)] + [""]
+    if steps_plot is not None:
+        out += [
+            "Test sampled score of each arm's answer's lineage against the steps the arm had spent when each"
+            " version was trained (every version so far, siblings included); dotted: the steps spent after"
+            " the answer; dashed: v0.",
+            "",
+            f"![test score against steps spent]({steps_plot.name})",
+            "",
+        ]
     out += ["## Versions", ""]
     rows = [
         ["seed", "arm", "version", "change", "steps", "reward", "val as seen", "val clean", "test", "rules", "decision"]
@@ -538,12 +700,14 @@ def render(run: BenchRun, domain: str, found: list[BenchFinding], plots: dict[st
 
 
 def write_report(run: BenchRun, domain: str) -> tuple[Path, list[BenchFinding], dict[str, str]]:
-    """report.md and one PNG per arm in the bench's folder; the terminal plots by arm."""
+    """report.md, one PNG per arm and steps.png (test score against steps spent, every arm) in the
+    bench's folder; the terminal plots by arm."""
     found = findings(run, domain)
     arms = list(dict.fromkeys(r.arm for r in run.results))
     plots = {arm: plot_png(run.results, arm, run.root / f"{arm}.png") for arm in arms}
+    steps_plot = plot_steps_png(run.results, run.root / "steps.png")
     path = run.root / "report.md"
-    path.write_text(render(run, domain, found, plots), encoding="utf-8")
+    path.write_text(render(run, domain, found, plots, steps_plot), encoding="utf-8")
     (run.root / "results.json").write_text(
         json.dumps(
             {
