@@ -427,7 +427,8 @@ def _test_evaluation(engine: Engine, version: str, leaky: WorkspaceConfig | None
     if version == BASE:
         row = engine.store.query_one(
             """SELECT r.id FROM runs r WHERE r.version = ? AND r.kind = 'eval' AND r.state = 'succeeded'
-               AND (SELECT count(DISTINCT o.split) FROM rollouts o WHERE o.run_id = r.id AND list_contains(?, o.split)) = ?
+               AND (SELECT count(DISTINCT o.split) FROM rollouts o
+                    WHERE o.run_id = r.id AND list_contains(?, o.split)) = ?
                ORDER BY r.ended_at DESC LIMIT 1""",
             [version, list(splits), len(splits)],
         )
