@@ -252,7 +252,15 @@ class SweDomainConfig(_DomainSection):
         description="Held-out test tasks, drawn apart from train and val: nothing that decides reads them; "
         "`evotui eval --split test` and the benchmark's report do (0: no test split).",
     )
-    max_turns: int = Field(10, ge=2, le=40, description="Actions per episode (at least an edit and a submit).")
+    max_turns: int = Field(10, ge=2, le=40, description="Actions per training episode (at least an edit and a submit).")
+    eval_max_turns: int | None = Field(
+        None,
+        ge=2,
+        le=40,
+        description="Actions per evaluation episode (val, its clean replay, test): part of the evaluation protocol, "
+        "like [eval] max_completion_length, so that a version whose recipe raised max_turns is judged with the "
+        "turns its parent was judged with: a verdict compares policies, not turn budgets. Unset: max_turns.",
+    )
     leak_fix_in_history: bool = Field(
         False,
         description="Leave each bug's fix in the git history as the newest commit (on another branch), so "

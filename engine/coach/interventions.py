@@ -26,7 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from engine.config import WorkspaceConfig, parse_config
 from engine.domains import reward_component_names
 from engine.grpo import DEAD_STD
-from engine.harness.thresholds import DEAD_GROUPS
+from engine.harness.analyzers.signal import RUN_MAX_TURNS, Drift, metric_drift
+from engine.harness.thresholds import DEAD_GROUPS, UPDATE_DRIFT
 from engine.store import Store
 
 Kind = Literal["reward", "filter", "optimizer", "data", "budget", "environment", "evaluation"]
@@ -202,6 +203,42 @@ class LengthFit:
 
 
 @dataclass(frozen=True)
+class TurnFit:
+    """The turns a multi-turn run's train episodes needed, sized as `LengthFit` sizes tokens: a
+    log-normal fitted to the turns of the correct episodes, with the episodes that ran out of
+    turns (truncated at the run's `domain.max_turns`) right-censored there. Episodes cut short by
+    the token budget are not censored: they say nothing about turns."""
+
+    max_turns: int  # the run's domain.max_turns (the censoring point)
+    correct: int
+    out_of_turns: int
+    truncated: int  # every truncated episode: out of turns, out of tokens, or ended unsubmitted
+    q95: int | None  # the turns 95% of them would need; None: too few correct episodes to fit
+
+    def __str__(self) -> str:
+        return (
+            f"a log-normal fitted to the parent's {self.correct} correct episodes' turns with its {self.out_of_turns}"
+            f" episodes out of turns ({self.out_of_turns} of {self.truncated} truncated) censored at {self.max_turns}:"
+            f" 95% need at most {self.q95}"
+        )
+
+
+@dataclass(frozen=True)
+class PartialCredit:
+    """What a continuous counterpart of binary correctness (`CONTINUOUS`, logged at any weight)
+    adds to a run's train groups: how many groups binary correctness left without spread
+    (`DEAD_STD`), in how many of those the component varies, and the mean within-group spreads
+    that size its weight."""
+
+    component: str
+    groups: int
+    dead: int  # groups whose correctness has no spread
+    revived: int  # ... of which the component has one
+    live_spread: float | None  # mean correctness std over the groups correctness splits
+    revived_spread: float | None  # mean component std over the revived groups
+
+
+@dataclass(frozen=True)
 class Facts:
     """What the store says about the parent that a template may need beyond its config."""
 
@@ -215,12 +252,19 @@ class Facts:
     task_success: tuple[tuple[int, int], ...] = ()
     #: The completion lengths that run needed, when it had correct and truncated completions.
     lengths: LengthFit | None = None
+    #: The turns that run's episodes needed, when some ran out of turns (multi-turn domains).
+    turns: TurnFit | None = None
+    #: Per continuous counterpart of correctness the run logged: the spread it adds.
+    partial_credit: tuple[PartialCredit, ...] = ()
+    #: How far the policy's entropy drifted over that run against its noise (TRL's `entropy`).
+    entropy_drift: Drift | None = None
 
 
 def run_facts(store: Store, run_id: str | None) -> Facts:
     """What a GRPO run's train rollouts say about its prompts: hopeless tasks (every sample, in
     every group the run drew for them, scored 0 on correctness), each task subset's success, each
-    task's successes, and the completion lengths it needed."""
+    task's successes, the completion lengths and turns it needed, the spread partial credit adds
+    to its groups, and how far its policy's entropy drifted."""
     if run_id is None:
         return Facts()
     row = store.query_one(
@@ -242,7 +286,32 @@ def run_facts(store: Store, run_id: str | None) -> Facts:
         return Facts()
     subsets = tuple((s["subset"], float(s["success"])) for s in row[2] or ())
     success = tuple((int(k), int(n)) for k, n in row[3] or ())
-    return Facts(tuple(row[0] or ()), int(row[1]), subsets, success, _length_fit(store, run_id))
+    return Facts(
+        tuple(row[0] or ()),
+        int(row[1]),
+        subsets,
+        success,
+        _length_fit(store, run_id),
+        _turn_fit(store, run_id),
+        _partial_credit(store, run_id),
+        metric_drift(store, run_id, "entropy"),
+    )
+
+
+#: Correct samples a log-normal fit of what they needed takes at least.
+MIN_FIT = 10
+
+
+def _q95(needed: list[float], censored: list[float]) -> int | None:
+    """The 95% quantile of a log-normal fitted by maximum likelihood to `needed`, with `censored`
+    right-censored (they needed more than their value; how much, the fit says): scipy's
+    `CensoredData`."""
+    from scipy import stats
+
+    data = stats.CensoredData(uncensored=needed, right=censored)
+    shape, _, scale = stats.lognorm.fit(data, floc=0)
+    q95 = float(stats.lognorm.ppf(0.95, shape, 0, scale))
+    return math.ceil(q95) if math.isfinite(q95) else None
 
 
 def _length_fit(store: Store, run_id: str) -> LengthFit | None:
@@ -256,18 +325,79 @@ def _length_fit(store: Store, run_id: str) -> LengthFit | None:
     )
     finished = [float(n) for n, cut, _ in rows if not cut]
     truncated = [float(n) for n, cut, _ in rows if cut]
-    if len(finished) < 10 or not truncated:  # too few correct ones to fit, or nothing was cut
+    if len(finished) < MIN_FIT or not truncated:  # too few correct ones to fit, or nothing was cut
         return None
     budget = next((int(b) for *_, b in rows if b is not None), int(max(truncated)))
     cut = [n for n in truncated if n >= budget]
-    from scipy import stats
+    q95 = _q95(finished, cut)
+    return None if q95 is None else LengthFit(budget, len(finished), len(cut), q95)
 
-    data = stats.CensoredData(uncensored=finished, right=cut)
-    shape, _, scale = stats.lognorm.fit(data, floc=0)
-    q95 = float(stats.lognorm.ppf(0.95, shape, 0, scale))
-    if not math.isfinite(q95):
+
+def _turn_fit(store: Store, run_id: str) -> TurnFit | None:
+    """The turns fit of a multi-turn run (None: a run without a turn limit in its config, or one
+    whose episodes never ran out of turns). An episode out of turns is a truncated one that took
+    the run's `domain.max_turns` actions."""
+    row = store.query_one(
+        f"""
+        WITH o AS (
+            SELECT o.num_turns, o.truncated, coalesce(o.reward_components['correctness'], o.reward) AS c,
+                   {RUN_MAX_TURNS} AS max_turns
+            FROM rollouts o LEFT JOIN runs r ON r.id = o.run_id
+            WHERE o.run_id = ? AND o.split = 'train' AND o.num_turns IS NOT NULL
+        )
+        SELECT {{'max_turns': any_value(max_turns),
+                 'correct': list(num_turns) FILTER (WHERE c = 1 AND NOT truncated),
+                 'out': count(*) FILTER (WHERE truncated AND num_turns >= max_turns),
+                 'truncated': count(*) FILTER (WHERE truncated)}}
+        FROM o
+        """,
+        [run_id],
+    )
+    fit = row[0] if row else None
+    if not fit or fit["max_turns"] is None or not fit["out"]:
         return None
-    return LengthFit(budget, len(finished), len(cut), math.ceil(q95))
+    limit, correct = int(fit["max_turns"]), [float(n) for n in fit["correct"] or ()]
+    q95 = _q95(correct, [float(limit)] * int(fit["out"])) if len(correct) >= MIN_FIT else None
+    return TurnFit(limit, len(correct), int(fit["out"]), int(fit["truncated"]), q95)
+
+
+def _partial_credit(store: Store, run_id: str) -> tuple[PartialCredit, ...]:
+    """Per continuous counterpart of correctness the run's train rollouts carry: its groups dead on
+    binary correctness, those the component revives, and the two mean spreads (one SQL pass)."""
+    row = store.query_one(
+        f"""
+        WITH e AS (
+            SELECT step, group_id, coalesce(reward_components['correctness'], reward) AS c,
+                   unnest(map_entries(reward_components)) AS kv
+            FROM rollouts WHERE run_id = ? AND split = 'train'
+        ), g AS (
+            SELECT kv.key AS component, stddev_pop(c) AS c_std, stddev_pop(kv.value) AS x_std
+            FROM e WHERE list_contains(?, kv.key) GROUP BY kv.key, step, group_id
+        ), per AS (
+            SELECT component, count(*) AS groups,
+                   count(*) FILTER (WHERE c_std < {DEAD_STD}) AS dead,
+                   count(*) FILTER (WHERE c_std < {DEAD_STD} AND x_std >= {DEAD_STD}) AS revived,
+                   avg(c_std) FILTER (WHERE c_std >= {DEAD_STD}) AS live_spread,
+                   avg(x_std) FILTER (WHERE c_std < {DEAD_STD} AND x_std >= {DEAD_STD}) AS revived_spread
+            FROM g GROUP BY component
+        )
+        SELECT list({{'component': component, 'groups': groups, 'dead': dead, 'revived': revived,
+                     'live_spread': live_spread, 'revived_spread': revived_spread}} ORDER BY component)
+        FROM per
+        """,
+        [run_id, list(CONTINUOUS)],
+    )
+    return tuple(
+        PartialCredit(
+            str(x["component"]),
+            int(x["groups"]),
+            int(x["dead"]),
+            int(x["revived"]),
+            x["live_spread"],
+            x["revived_spread"],
+        )
+        for x in (row[0] if row and row[0] else ())
+    )
 
 
 @dataclass(frozen=True)
@@ -275,7 +405,11 @@ class Sized:
     """A template's change with how its magnitude was chosen, in words."""
 
     changes: dict[str, Any]
-    how: str
+    #: How the magnitude was chosen ("": the template's default, the catalog's step or a random draw).
+    how: str = ""
+    #: Why paths of another factor change with it, cited as evidence (a change of several factors
+    #: must cite its reason: `check`).
+    together: str = ""
 
 
 #: What the offline planner says of a magnitude that nothing in the parent's data sizes.
@@ -374,7 +508,11 @@ class Template:
         made = self.make(config, facts or Facts(), size)
         if not made:
             return None
-        changes, how = (made.changes, made.how) if isinstance(made, Sized) else (made, self._how(size))
+        if isinstance(made, Sized):
+            changes, how = made.changes, made.how or self._how(size)
+            evidence = [*evidence, f"together: {made.together}"] if made.together else evidence
+        else:
+            changes, how = made, self._how(size)
         draft = Intervention(
             kind=self.kind, changes=changes, hypothesis="-", evidence=evidence, template=self.name, source=source
         )
@@ -405,12 +543,46 @@ def _rewards(config: WorkspaceConfig, **weights: float) -> dict[str, Any] | None
 CONTINUOUS = ("closeness", "pass_fraction")
 
 
-def _continuous(config: WorkspaceConfig, size: float | None) -> dict[str, Any] | None:
+def _continuous(config: WorkspaceConfig, facts: Facts, size: float | None) -> Sized | dict[str, Any] | None:
+    """Partial credit beside binary correctness, weighted so that a group it revives carries the
+    reward spread of a group correctness already splits (see `_partial_credit_weight`)."""
     offered = reward_component_names(config.domain.name) or ()
     name = next((n for n in CONTINUOUS if n in offered), None)
     if not name or name in config.recipe.rewards:
         return None
+    seen = next((x for x in facts.partial_credit if x.component == name), None)
+    if size is None and seen is not None and seen.dead:
+        if not seen.revived:
+            return None  # it varies in none of the groups correctness leaves dead: it would revive nothing
+        weight, how = _partial_credit_weight(seen, config.recipe.rewards.get("correctness", 0.0))
+        changes = _rewards(config, **{name: weight})
+        return Sized(changes, how) if changes else None
     return _rewards(config, **{name: _scaled(0.5, _step(size))})
+
+
+def _partial_credit_weight(seen: PartialCredit, correctness: float) -> tuple[float, str]:
+    """The weight w at which the component's mean spread in the groups it revives, times w, equals
+    binary correctness's own mean spread (at its weight) in the groups it splits: a revived group
+    then carries the reward spread of a live one. Never above correctness's weight: partial credit
+    stands beside the binary reward, not above it. (With `scale_rewards = "group"` a revived group's
+    advantages do not depend on w; w then sets how much partial credit reorders the groups
+    correctness already splits.)"""
+    where = (
+        f"{seen.component} varies in {seen.revived} of the {seen.dead} groups (of {seen.groups}) that binary"
+        " correctness left dead in the parent's run"
+    )
+    if not seen.live_spread or not seen.revived_spread or correctness <= 0:
+        return _scaled(0.5, 1.0), f"{FIXED} ({where}, and no group that correctness splits gives a spread to match)"
+    matched = correctness * seen.live_spread / seen.revived_spread
+    weight = _scaled(min(correctness, matched), 1.0, 2)
+    how = (
+        f"the spread it adds: {where}, with a mean spread {seen.revived_spread:.3f} there against correctness's"
+        f" {seen.live_spread:.3f} in the groups it splits; weighted {weight:g}, a revived group carries the spread of"
+        " a live one"
+    )
+    if matched > correctness:
+        how += f" (matching needs {matched:.2g}: capped at correctness's weight {correctness:g})"
+    return weight, how
 
 
 def _scaled(value: float, factor: float, digits: int = 3) -> float:
@@ -428,6 +600,90 @@ def _more_seeds(c: WorkspaceConfig, size: float | None) -> dict[str, Any] | None
     return {"eval.sampled_seeds": min(16, max(now + 1, round(now * 2 ** _step(size))))} if now < 8 else None
 
 
+#: The learning rate a proposal raises from (only below it: TINY_POLICY_NOTES, 1e-4 broke the math
+#: sample's policy) and the most it proposes.
+RAISE_LR_BELOW = 1e-4
+MAX_LR = 1e-2
+
+
+def _raise_lr(config: WorkspaceConfig, facts: Facts, size: float | None) -> Sized | dict[str, Any] | None:
+    """A larger learning rate, sized from how far the parent's entropy drifted over its run against
+    its step-to-step noise (`Facts.entropy_drift`): under Adam a step's size follows the learning
+    rate, so the drift's t statistic grows with it; the raise is the one that brings the expected t
+    of a run as long to its critical value. A measured |t| under 1 (one standard error of the
+    estimate) is not told from no drift at all and counts as 1: the raise is then the critical
+    value itself (about x2 for 20 steps or more). Where the entropy moved beyond its noise, the
+    policy does not move too little, and no raise is proposed."""
+    now = config.recipe.learning_rate
+    if now >= RAISE_LR_BELOW:
+        return None
+    drift = facts.entropy_drift
+    if size is None and drift is not None:
+        if not UPDATE_DRIFT.crossed(drift.units):
+            return None
+        factor = 1 / max(drift.units, 1 / drift.critical)
+        how = (
+            f"the update size: {drift} (a drift inside its noise); the step follows the learning rate under Adam, so"
+            f" x{factor:.2f} brings the expected drift of a run as long to the critical value"
+        )
+        if abs(drift.t) < 1:
+            how += " (a |t| under one standard error is not told from no drift: it counts as 1)"
+        return Sized({"recipe.learning_rate": min(MAX_LR, _scaled(now, factor))}, how)
+    return {"recipe.learning_rate": min(MAX_LR, _scaled(now, 2 ** _step(size)))}
+
+
+def _turn_limit(config: WorkspaceConfig) -> tuple[int, int] | None:
+    """(max_turns now, the most the domain's section allows) of a domain whose config has a turn
+    limit (SWE); None otherwise (a custom agentic domain sets its turns in its own code)."""
+    field = type(config.domain).model_fields.get("max_turns")
+    now = getattr(config.domain, "max_turns", None)
+    if field is None or not isinstance(now, int):
+        return None
+    top = next((m.le for m in field.metadata if getattr(m, "le", None) is not None), now)
+    return now, int(top)
+
+
+def _more_turns(config: WorkspaceConfig, facts: Facts, size: float | None) -> Sized | None:
+    """More turns per training episode, sized like the completion budget (`TurnFit`); the
+    evaluation keeps the parent's turns (`domain.eval_max_turns`, set when unset), so the verdict
+    compares policies, not turn budgets."""
+    limit = _turn_limit(config)
+    if limit is None:
+        return None
+    now, top = limit
+    if now >= top:
+        return None
+    pinned = getattr(config.domain, "eval_max_turns", None) is None
+    pin = {"domain.eval_max_turns": now} if pinned else {}
+    together = (
+        f"domain.eval_max_turns keeps the {now} turns the parent was evaluated with: the verdict compares"
+        " policies, not turn budgets"
+        if pinned
+        else ""
+    )
+
+    def turns(n: int, how: str = "") -> Sized:
+        return Sized({"domain.max_turns": n, **pin}, how, together)
+
+    stepped = min(top, max(now + 1, int(now * (1 + 0.5 * _step(size)))))
+    if size is not None:
+        return turns(stepped)
+    fit = facts.turns
+    if fit is None:
+        return None  # no episode of the parent's run ran out of turns: more turns answer nothing
+    if fit.q95 is None or fit.max_turns != now:
+        why = (
+            f"{fit.correct} correct episodes are too few to fit"
+            if fit.q95 is None
+            else f"that run had {fit.max_turns} turns, this recipe {now}"
+        )
+        out = f"{fit.out_of_turns} of {fit.truncated} truncated episodes ran out of turns"
+        return turns(stepped, f"{FIXED} ({out}; {why})")
+    if fit.q95 <= now:
+        return None  # the fit says the turns already cover them
+    return turns(min(fit.q95, top), str(fit) + (f" (the domain allows at most {top})" if fit.q95 > top else ""))
+
+
 def _longer_training(c: WorkspaceConfig, size: float | None) -> dict[str, Any] | None:
     steps = max(c.recipe.steps + 1, int(c.recipe.steps * 2 ** _step(size)))
     return {"recipe.steps": steps} if steps <= c.budget.max_train_steps else None
@@ -437,9 +693,9 @@ CATALOG: list[Template] = [
     Template(
         "continuous_correctness",
         "reward",
-        ("insufficient_signal", "dead_training"),
+        ("insufficient_signal", "dead_training", "sparse_correctness"),
         False,
-        lambda c, _, s: _continuous(c, s),
+        _continuous,
         "a continuous correctness component gives groups with equal binary rewards a spread to learn from",
         magnitude=True,
     ),
@@ -492,6 +748,16 @@ CATALOG: list[Template] = [
         False,
         _longer_budget,
         "truncated completions lose their final answer; a longer budget lets them finish",
+        magnitude=True,
+    ),
+    Template(
+        "more_turns",
+        "budget",
+        ("out_of_turns",),
+        False,
+        _more_turns,
+        "episodes that run out of turns end unsubmitted; more turns let them finish, while the evaluation keeps"
+        " the parent's turns",
         magnitude=True,
     ),
     Template(
@@ -551,13 +817,9 @@ CATALOG: list[Template] = [
     Template(
         "raise_lr",
         "optimizer",
-        ("", "dead_training"),
+        ("small_updates", "", "dead_training"),
         False,
-        lambda c, _, s: (
-            {"recipe.learning_rate": min(1e-2, _scaled(c.recipe.learning_rate, 2 ** _step(s)))}
-            if c.recipe.learning_rate < 1e-4
-            else None
-        ),
+        _raise_lr,
         "the reward spread is there but the policy moves too little in the run's steps",
         magnitude=True,
     ),

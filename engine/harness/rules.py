@@ -20,12 +20,14 @@ from engine.harness.thresholds import (
     LENGTH_GROWTH,
     LENGTH_REWARD_CORR,
     LENGTH_SHRINK,
+    OUT_OF_TURNS,
     REWARD_MODE_SHARE,
     REWARD_RISE,
     SHORTCUT_NO_GAIN,
     TURNS_ECHO_TRAP,
     TURNS_GIVING_UP,
     TURNS_GROWTH,
+    UPDATE_DRIFT,
 )
 
 #: Rules that, firing critical, stand against a promotion: the gain may come from the wrong thing
@@ -172,6 +174,29 @@ def insufficient_signal(f: Findings, ctx: Context) -> RuleResult | None:
     )
 
 
+@rule(
+    "sparse_correctness",
+    priority=8,
+    candidate_kinds=("reward: continuous correctness (partial credit)", "optimizer: num_generations"),
+)
+def sparse_correctness(f: Findings, ctx: Context) -> RuleResult | None:
+    """Binary correctness leaves many groups without spread (all right or all wrong), whatever the
+    other components add to the total reward: the dead-group lines read on correctness alone
+    (`signal.correctness_dead_group_ratio`; the finding's severity). insufficient_signal reads the
+    total reward, which a format or penalty component keeps alive while correctness teaches nothing.
+    Its priority comes after truncation, out_of_turns and format_gate: an answer cut short or
+    unreadable scores 0 on correctness, so those failures make correctness sparse, not the other
+    way round, and at the same severity the cause leads."""
+    finding = f.get("signal.correctness_dead_group_ratio")
+    if finding is None or finding.severity == "info":
+        return None
+    return RuleResult(
+        f"{finding.value:.0%} of groups have no spread in binary correctness: partial credit would give them one",
+        finding.severity,
+        ("signal.correctness_dead_group_ratio", "signal.dead_group_ratio"),
+    )
+
+
 @rule("reward_hacking", priority=4, candidate_kinds=("reward: remove or cap the shaped component",))
 def reward_hacking(f: Findings, ctx: Context) -> RuleResult | None:
     """The shaped total reward rises while binary correctness is flat or falling."""
@@ -270,6 +295,22 @@ def workspace_critical(f: Findings, ctx: Context) -> RuleResult | None:
     return RuleResult("; ".join(x.explanation for x in critical), "critical", tuple(x.metric for x in critical))
 
 
+@rule("out_of_turns", priority=6, candidate_kinds=("budget: domain.max_turns",))
+def out_of_turns(f: Findings, ctx: Context) -> RuleResult | None:
+    """Truncation (the truncation finding's severity) where most truncated episodes ran out of their
+    turns, not of tokens (`signal.out_of_turns_share`): the turn limit, not the completion budget,
+    cuts them. Registered before `truncation`, so that at the same priority and severity the more
+    specific reading of the same finding leads."""
+    finding, share = f.get("signal.truncation_rate"), f.value("signal.out_of_turns_share")
+    if finding is None or finding.severity == "info" or not OUT_OF_TURNS.crossed(share):
+        return None
+    return RuleResult(
+        f"{finding.value:.0%} of episodes are truncated and {share:.0%} of those ran out of turns",
+        finding.severity,
+        ("signal.truncation_rate", "signal.out_of_turns_share"),
+    )
+
+
 @rule("truncation", priority=6, candidate_kinds=("budget: max_completion_length", "reward: length-aware format"))
 def truncation(f: Findings, ctx: Context) -> RuleResult | None:
     """Completions hit the length budget often enough to cost reward."""
@@ -352,3 +393,22 @@ def poor_edit_quality(f: Findings, ctx: Context) -> RuleResult | None:
     if finding is None or finding.severity == "info":
         return None
     return RuleResult(f"{finding.value:.0%} of edits fail", "warning", ("behavior.edit_failure_rate",))
+
+
+@rule("small_updates", priority=13, candidate_kinds=("optimizer: raise learning_rate",))
+def small_updates(f: Findings, ctx: Context) -> RuleResult | None:
+    """The policy barely moved: over the run its entropy and its reward drifted no more than their
+    step-to-step noise (`signal.entropy_drift`, `signal.reward_drift`: the slope's t statistic in
+    units of its critical value), while its groups had reward spread to learn from."""
+    entropy, reward = f.value("signal.entropy_drift"), f.value("signal.reward_drift")
+    spread = f.get("signal.reward_spread")
+    if not (UPDATE_DRIFT.crossed(entropy) and UPDATE_DRIFT.crossed(reward)) or spread is None:
+        return None
+    if spread.severity != "info":  # no spread: nothing to learn from, a larger step would not help
+        return None
+    return RuleResult(
+        f"entropy and reward drifted {entropy:.2f} and {reward:.2f} critical values over the run (inside their"
+        f" noise) though groups had a reward spread of {spread.value:.3f}: the steps may be too small",
+        "warning",
+        ("signal.entropy_drift", "signal.reward_drift", "signal.reward_spread"),
+    )

@@ -146,6 +146,20 @@ DEAD_GROUPS = Threshold(
     critical=0.5,
     level="warning",
 )
+CORRECTNESS_DEAD_GROUPS = Threshold(
+    "correctness_dead_groups",
+    DEAD_GROUPS.value,
+    ">",
+    "playbook",
+    f"{_PLAYBOOK}: the dead-group lines (warning > 30%, critical > 50%) read on the binary correctness "
+    "component alone, over the whole run: a group whose samples are all right or all wrong gives correctness no "
+    "advantage, whatever spread format or penalty components add to its total. The sparse_correctness rule reads "
+    "the finding's severity.",
+    ("analyzer:dead_groups",),
+    metric="signal.correctness_dead_group_ratio",
+    critical=DEAD_GROUPS.critical,
+    level="warning",
+)
 DEAD_TRAINING = Threshold(
     "dead_training",
     0.95,
@@ -211,6 +225,17 @@ TRUNCATION = Threshold(
     critical=0.30,
     level="warning",
 )
+OUT_OF_TURNS = Threshold(
+    "out_of_turns",
+    0.5,
+    ">",
+    "definition",
+    "Truncation is out of turns when most truncated episodes (more than half) took the run's domain.max_turns "
+    "actions, rather than running out of tokens or ending without a submit. The out_of_turns rule reads it with "
+    "the truncation finding's severity.",
+    ("rule:out_of_turns",),
+    metric="signal.out_of_turns_share",
+)
 LENGTH_REWARD_CORR = Threshold(
     "length_reward_corr",
     0.3,
@@ -270,6 +295,19 @@ CLIP_RATIO = Threshold(
     ("analyzer:optimizer",),
     metric="signal.clip_ratio",
     level="warning",
+)
+UPDATE_DRIFT = Threshold(
+    "update_drift",
+    1.0,
+    "<",
+    "stated test",
+    "How far a per-step metric moved over a run against its own step-to-step noise: the t statistic of its "
+    "least-squares slope on the step, in units of the two-sided critical value at the verdict's level "
+    "(cutoffs.LEVEL, Student's t with steps - 2 degrees of freedom). Below 1 the drift is inside its noise. "
+    "small_updates fires when entropy's and the reward's (signal.reward_drift) both are, while groups have reward "
+    "spread: the policy barely moved.",
+    ("rule:small_updates",),
+    metric="signal.entropy_drift",
 )
 FILTER_KEEP_RATIO = Threshold(
     "filter_keep_ratio",

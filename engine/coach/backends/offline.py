@@ -45,6 +45,7 @@ _TERMS = {
     "dr_grpo": {"dr. grpo", "dr_grpo", "length normalization"},
     "efficiency_reward": {"efficiency", "fewer turns"},
     "close_leak": {"leak", "history"},
+    "more_turns": {"more turns", "max_turns", "turn budget"},
 }
 
 

@@ -57,7 +57,12 @@ class SweDomain:
 
     def __init__(self, config: SweDomainConfig) -> None:
         self.config = config
-        self.max_turns = config.max_turns
+        #: Turns a training episode may take, and an evaluation episode (val, clean, test): the
+        #: evaluation's stays the parent's when a recipe raises max_turns (`eval_max_turns`).
+        self.train_turns = config.max_turns
+        self.eval_turns = config.eval_max_turns or config.max_turns
+        #: The most turns any episode may take (`play` runs this many; each environment stops at its own).
+        self.max_turns = max(self.train_turns, self.eval_turns)
         self._tests = TestRunner()
         #: The instruction-following judge: the rubric, or Claude behind a key (`judge = "claude"`).
         self.judge: EpisodeRewardFn = (
@@ -72,7 +77,7 @@ class SweDomain:
                 "pass_fraction": pass_fraction,
                 "search_before_edit": search_before_edit,
                 "edit_then_test": edit_then_test,
-                "efficiency": partial(efficiency, max_turns=self.max_turns),
+                "efficiency": partial(efficiency, max_turns=self.train_turns),
                 "invalid_penalty": invalid_penalty,
                 "judge": self.judge,
             },
@@ -82,7 +87,7 @@ class SweDomain:
     def _splits(self) -> dict[str, list[Task]]:
         splits: dict[str, list[Task]] = {split: [] for split in SPLITS}
         for task, _ in self._repos.values():
-            splits[task.task_id.split("-")[0]].append(task)
+            splits[split_of(task)].append(task)
         return splits
 
     @cached_property
@@ -148,10 +153,15 @@ class SweDomain:
         cfg = self.config
         return cfg.leak_fix_in_history and random.Random(f"swe:{cfg.seed}:leak:{task.task_id}").random() < cfg.leak_rate
 
+    def turns(self, task: Task) -> int:
+        """The turns an episode of `task` may take: a train task's are the recipe's (`max_turns`), a
+        held-out task's the evaluation's (`eval_max_turns`, unset: the same)."""
+        return self.train_turns if split_of(task) == "train" else self.eval_turns
+
     def environment(self, task: Task, *, clean: bool = False) -> SweEnvironment:
         repo = self.repo(task)
         history = repo.history + (repo.leak,) if not clean and self.leaks(task) else repo.history
-        return SweEnvironment(repo, history=history, max_turns=self.max_turns, tests=self._tests)
+        return SweEnvironment(repo, history=history, max_turns=self.turns(task), tests=self._tests)
 
     def demonstration_episode(self, task: Task, rng: random.Random) -> list[tuple[str, str]]:
         """A scripted episode (`demos.py`) with the observations its environment gives it.
@@ -162,7 +172,7 @@ class SweDomain:
         RL to amplify or not; measured: with clean demonstrations, 60 GRPO steps in the leaky
         environment never learned to copy a fix they were shown."""
         env = self.environment(task)
-        actions = demonstration_actions(self.repo(task), rng, self.max_turns, leaked=self.leaks(task))
+        actions = demonstration_actions(self.repo(task), rng, self.turns(task), leaked=self.leaks(task))
         return [(action, env.step(action).observation) for action in actions]
 
     def demonstration(self, task: Task, rng: random.Random | None = None) -> str:
@@ -188,6 +198,11 @@ class SweDomain:
     def vocabulary(self) -> list[str]:
         words = [*vocabulary_words(), *PROTOCOL_WORDS, *map(str, NUMBERS)]
         return list(dict.fromkeys(words))
+
+
+def split_of(task: Task) -> str:
+    """The split a task was drawn for: its id begins with it (``val-00012``)."""
+    return task.task_id.split("-")[0]
 
 
 def completion_actions(completion: str) -> list[str]:

@@ -6,11 +6,18 @@ defaults of the public EvoTrainer playbook), the one the rules read too.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+from scipy import stats
+
 from engine.domains.judge import FALLBACK_RATIO, FALLBACKS_PREFIX
 from engine.grpo import DEAD_STD
 from engine.harness.base import Context, Finding, analyzer
+from engine.harness.cutoffs import LEVEL
 from engine.harness.thresholds import (
     CLIP_RATIO,
+    CORRECTNESS_DEAD_GROUPS,
     DEAD_GROUPS,
     ENTROPY_RATIO,
     FILTER_KEEP_RATIO,
@@ -22,10 +29,12 @@ from engine.harness.thresholds import (
     REWARD_SPREAD,
     TRUNCATION,
 )
+from engine.store import Store
 
 _GROUPS = f"""
     WITH g AS (
-        SELECT step, group_id, stddev_pop(reward) AS spread, stddev_pop(reward) < {DEAD_STD} AS dead
+        SELECT step, group_id, stddev_pop(reward) AS spread, stddev_pop(reward) < {DEAD_STD} AS dead,
+               stddev_pop(coalesce(reward_components['correctness'], reward)) < {DEAD_STD} AS dead_correct
         FROM rollouts WHERE run_id = $run AND split = 'train'
         GROUP BY step, group_id
     ), last AS (SELECT max(step) - $window AS cut FROM g)
@@ -34,9 +43,13 @@ _GROUPS = f"""
 
 @analyzer("dead_groups", "signal")
 def dead_groups(ctx: Context) -> list[Finding]:
-    """Share of GRPO groups whose reward std < DEAD_STD, over the run and over its last window."""
-    overall, recent, n_groups = ctx.q1(
-        _GROUPS + "SELECT avg(dead::INT), avg(dead::INT) FILTER (WHERE step > (SELECT cut FROM last)), count(*) FROM g"
+    """Share of GRPO groups whose reward std < DEAD_STD, over the run and over its last window; and
+    the share whose binary correctness alone has no spread (other components may give the total
+    reward a spread that teaches nothing about correctness)."""
+    overall, recent, n_groups, correct = ctx.q1(
+        _GROUPS
+        + """SELECT avg(dead::INT), avg(dead::INT) FILTER (WHERE step > (SELECT cut FROM last)), count(*),
+                    avg(dead_correct::INT) FROM g"""
     )
     if not n_groups:
         return []
@@ -56,6 +69,21 @@ def dead_groups(ctx: Context) -> list[Finding]:
             **DEAD_GROUPS.grade(recent),
         ),
         Finding("signal.dead_group_ratio_recent", recent, **DEAD_GROUPS.grade(recent)),
+        Finding(
+            "signal.correctness_dead_group_ratio",
+            correct,
+            explanation=f"{correct:.0%} of {n_groups} groups had no spread in binary correctness (all right or all"
+            f" wrong; {overall:.0%} had none in the total reward)",
+            rollouts=tuple(
+                r[0]
+                for r in ctx.q(
+                    _GROUPS
+                    + """SELECT concat_ws('/', $run, 'train', g.step, g.group_id, 0) FROM g
+                         WHERE dead_correct ORDER BY g.step DESC, g.group_id LIMIT 5"""
+                )
+            ),
+            **CORRECTNESS_DEAD_GROUPS.grade(correct),
+        ),
     ]
 
 
@@ -141,9 +169,18 @@ def judge_fallbacks(ctx: Context) -> Finding | None:
     )
 
 
+#: A run's turn limit (`domain.max_turns`, multi-turn domains) read from its stored config; `r` is
+#: the run. An episode out of turns is a truncated one that took this many actions (one cut by the
+#: token budget, or ended without a submit, took fewer).
+RUN_MAX_TURNS = "try_cast(r.config->'domain'->>'max_turns' AS INTEGER)"
+
+
 @analyzer("truncation", "signal")
-def truncation(ctx: Context) -> Finding | None:
-    """Share of train completions cut by max_completion_length, graded on the last window (`TRUNCATION`)."""
+def truncation(ctx: Context) -> list[Finding]:
+    """Share of train completions cut by max_completion_length (or, in a multi-turn domain, by the
+    turn limit), graded on the last window (`TRUNCATION`); and, where the run has a turn limit, the
+    share of the truncated episodes that ran out of turns (the out_of_turns rule)."""
+    out: list[Finding] = []
     rate, recent = ctx.q1(
         """
         SELECT avg(truncated::INT),
@@ -153,14 +190,36 @@ def truncation(ctx: Context) -> Finding | None:
         """
     ) or (None, None)
     if rate is None:
-        return None
-    return Finding(
-        "signal.truncation_rate",
-        rate,
-        explanation=f"{rate:.1%} of completions truncated (last window {recent:.1%})",
-        rollouts=ctx.example_rollouts("truncated"),
-        **TRUNCATION.grade(recent),
+        return out
+    out.append(
+        Finding(
+            "signal.truncation_rate",
+            rate,
+            explanation=f"{rate:.1%} of completions truncated (last window {recent:.1%})",
+            rollouts=ctx.example_rollouts("truncated"),
+            **TRUNCATION.grade(recent),
+        )
     )
+    turns = ctx.q1(
+        f"""
+        SELECT any_value({RUN_MAX_TURNS}), count(*), count(*) FILTER (WHERE o.num_turns >= {RUN_MAX_TURNS})
+        FROM rollouts o JOIN runs r ON r.id = o.run_id
+        WHERE o.run_id = $run AND o.split = 'train' AND o.truncated AND o.num_turns IS NOT NULL
+        """
+    )
+    limit, cut, out_of_turns = turns or (None, 0, 0)
+    if limit is not None and cut:
+        out.append(
+            Finding(
+                "signal.out_of_turns_share",
+                out_of_turns / cut,
+                "info",
+                f"{out_of_turns} of {cut} truncated episodes ran out of their {limit} turns; the rest ran out of tokens"
+                " or ended without a submit",
+                rollouts=ctx.example_rollouts(f"truncated AND num_turns >= {int(limit)}"),
+            )
+        )
+    return out
 
 
 @analyzer("length_dynamics", "signal")
@@ -197,6 +256,72 @@ def length_dynamics(ctx: Context) -> list[Finding]:
             **LENGTH_REWARD_CORR.grade(corr),
         ),
     ]
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How far a per-step metric moved over a run against its own step-to-step noise: the
+    least-squares slope of its value on the step, the slope's t statistic, and the two-sided
+    critical value of that t at the verdict's level (Student's t, steps - 2 degrees of freedom)."""
+
+    key: str
+    steps: int
+    slope: float
+    t: float
+    critical: float
+
+    @property
+    def units(self) -> float:
+        """|t| in units of the critical value: below 1 (`UPDATE_DRIFT`) the drift is inside its noise."""
+        return abs(self.t) / self.critical
+
+    def __str__(self) -> str:
+        return (
+            f"{self.key} drifted {self.slope:+.3g} a step over {self.steps} steps, t = {self.t:+.2f} against the"
+            f" {LEVEL:.0%} critical value {self.critical:.2f}"
+        )
+
+
+#: The regression of one metric on the step, in one pass (DuckDB's regr_* aggregates), as one
+#: struct: a store without the metric answers a struct of zeros and NULLs.
+_DRIFT = """
+    SELECT {'n': regr_count(value, step), 'slope': regr_slope(value, step), 'sxx': regr_sxx(value, step),
+            'syy': regr_syy(value, step), 'sxy': regr_sxy(value, step)}
+    FROM metrics WHERE run_id = $run AND key = $key AND value IS NOT NULL AND isfinite(value)
+"""
+
+
+def metric_drift(store: Store, run_id: str, key: str) -> Drift | None:
+    """The drift of metric `key` over run `run_id`'s steps (None with fewer than three steps: a
+    slope and its noise need them). The one definition that the `optimizer` analyzer reports and
+    the coach sizes a learning rate from."""
+    row = store.query_one(_DRIFT, {"run": run_id, "key": key})
+    fit = row[0] if row else None
+    if not fit or fit["n"] is None or fit["sxx"] is None:
+        return None
+    dof = int(fit["n"]) - 2
+    if dof < 1 or not fit["sxx"] > 0:
+        return None
+    slope, sxx = float(fit["slope"]), float(fit["sxx"])
+    residual = max(0.0, float(fit["syy"]) - float(fit["sxy"]) ** 2 / sxx)  # round-off can make it negative
+    error = math.sqrt(residual / dof / sxx)
+    if error > 0:
+        t = slope / error
+    else:  # a perfect line: no drift at all, or a drift beyond any noise
+        t = 0.0 if slope == 0 else math.copysign(math.inf, slope)
+    return Drift(key, int(fit["n"]), slope, t, float(stats.t.ppf((1 + LEVEL) / 2, dof)))
+
+
+def _drift_finding(ctx: Context, key: str, metric: str) -> Finding | None:
+    drift = metric_drift(ctx.store, ctx.run_id, key)
+    if drift is None:
+        return None
+    return Finding(
+        metric,
+        drift.units,
+        "info",
+        f"{drift}: {drift.units:.2f} critical values",
+    )
 
 
 def _trend(ctx: Context, key: str) -> tuple[float | None, float | None]:
@@ -267,6 +392,10 @@ def optimizer(ctx: Context) -> list[Finding]:
         first, last = _trend(ctx, "reward")
         if first is not None and last is not None:
             out.append(Finding("signal.reward_trend", last - first, "info", f"reward {first:.3f} -> {last:.3f}"))
+    # How far the policy moved, against noise (the small_updates rule): its entropy, and its reward.
+    for key in ("entropy", "reward"):
+        if key in keys and (drift := _drift_finding(ctx, key, f"signal.{key}_drift")) is not None:
+            out.append(drift)
     if "filter/keep_ratio" in keys:
         (keep,) = ctx.q1("SELECT avg(value) FROM metrics WHERE run_id = $run AND key = 'filter/keep_ratio'")
         out.append(
