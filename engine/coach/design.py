@@ -43,8 +43,10 @@ class Designer:
                     proposals = self._exploit(plan)
                 else:
                     # The control comes on top of the round's factors when there is room for both.
-                    with_control = self.needs_control(rnd.parent, remaining)
-                    branches = min(self.ctx.config.coach.branches, remaining - with_control)
+                    # A screen of a step budget has room for `plan.branches`, the control first.
+                    room = min(remaining, plan.branches) if plan is not None else remaining
+                    with_control = self.needs_control(rnd.parent, room)
+                    branches = min(self.ctx.config.coach.branches, room - with_control)
                     proposals = self.planner.propose(rnd, diagnosis, branches, scheduled=plan is not None)
                     ranking = proposals.ranking
                     if with_control:

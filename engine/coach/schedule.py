@@ -9,7 +9,9 @@ each round is one of two kinds:
   clears their median noise floor with 80% power, never shorter than the shortest of them: a gain
   per step is known from there on), else the recipe's own `steps`; either way a screen spends at
   most half the steps left, so that its winner can be trained on with the other half (successive
-  halving's equal split between its two stages).
+  halving's equal split between its two stages): as many branches of that length as fit there,
+  the control first where two fit, and one at least (cut to half the steps left if even one does
+  not fit), since a shorter branch shows less whatever the number of branches.
 - an **exploit** round: one branch, from a version a screen found: the head *continued* (its
   recipe unchanged, resuming its training state, so a lineage trained in segments is one long
   run), or first, when other factors beat the same control, the head with those factors
@@ -97,6 +99,8 @@ class Plan:
     how: str
     combine: tuple[Intervention, ...] = ()
     provisional: bool = False
+    #: A screen's branches, the control included when there is room for it (an exploit round has one).
+    branches: int = 1
     lineage: Lineage | None = None
 
 
@@ -181,7 +185,7 @@ class Schedule:
         )
         if best in versions and versions[best].parent is not None and not stalled:
             return self._exploit(best, steps_left, provisional=False)
-        provisional = None if stalled else self._provisional_winner(best)
+        provisional = self._provisional_winner(best)
         if provisional is not None:
             return self._exploit(provisional, steps_left, provisional=True)
         return self._screen(best, steps_left, screen_branches, default_steps)
@@ -216,7 +220,7 @@ class Schedule:
         return max(candidates, key=lambda v: (v.verdict_delta or 0.0, -int(v.name[1:]))).name if candidates else None
 
     def _screen(self, parent: str, steps_left: int, branches: int, default_steps: int) -> Plan:
-        cap = max(1, int(SCREEN_SHARE * steps_left) // max(1, branches))
+        room = int(SCREEN_SHARE * steps_left)
         measured = self._measured_gain()
         length = power_length(*measured[:2]) if measured is not None else None
         if measured is not None and length is not None:
@@ -232,10 +236,16 @@ class Schedule:
             length = default_steps
             why = "no version judged yet" if measured is None else "the median version gained nothing"
             how = f"the recipe's {default_steps} steps: {why} in this workspace"
-        if length > cap:
-            how += f"; capped at {cap}: a screen spends at most half the {steps_left} steps left over its branches"
-            length = cap
-        return Plan("screen", parent, min(length, steps_left), how)
+        # A screen spends at most half the steps left: as many branches of that length as fit (a
+        # shorter branch shows less, whatever the number of branches), at least one, which takes
+        # what fits when even one does not.
+        fits = max(1, min(branches, room // max(1, length)))
+        if fits < branches:
+            how += f"; {fits} of {branches} branches fit in half the {steps_left} steps left"
+        if fits == 1 and length > max(1, room):
+            how += f"; cut to {max(1, room)} steps, half of what is left"
+            length = max(1, room)
+        return Plan("screen", parent, min(length, steps_left), how, branches=fits)
 
     def _measured_gain(self) -> tuple[float, float, int, int] | None:
         """(median gain per step, median floor, fewest steps, count) over the judged child versions
@@ -282,7 +292,7 @@ class Schedule:
             length = steps_left
         tried = any(v.parent == head and self._templates().get(v.name) == COMBINE for v in versions.values())
         combine = () if lineage.segments or tried else self._combination(lineage)
-        return Plan("exploit", head, max(1, length), how, combine, provisional, lineage)
+        return Plan("exploit", head, max(1, length), how, combine, provisional, lineage=lineage)
 
     def _combination(self, lineage: Lineage) -> tuple[Intervention, ...]:
         """The other factors of the winner's screen that each beat the same control and were
