@@ -36,7 +36,7 @@ from engine.coach.backends.random_search import RandomPlanner
 from engine.coach.gates import Answer, Gate
 from engine.coach.interventions import CONTROL, config_changes, edit_toml
 from engine.coach.loop import Coach, CoachEvent
-from engine.coach.schedule import steps_spent
+from engine.coach.schedule import CONTINUE, steps_spent
 from engine.config import CONFIG_FILE, WorkspaceConfig, parse_config, read_config
 from engine.core import BASE, Engine, ProgressFn, RunUpdate, VersionPlan
 from engine.domains import make_domain
@@ -257,7 +257,8 @@ def version_rows(engine: Engine) -> list[VersionRow]:
         blocking = [r["rule"] for r in fired if is_blocking(r["rule"], r["severity"])]
         changes = json.loads(change) if isinstance(change, str) else (change or {})
         text = ", ".join(f"{k} {v.get('from')!r} -> {v.get('to')!r}" for k, v in changes.items())
-        text = text or ("control (no change)" if template == CONTROL else "(base)")
+        unchanged = {CONTROL: "control (no change)", CONTINUE: "continued (no change)"}
+        text = text or unchanged.get(template or "", "(base)")
         out.append(
             VersionRow(
                 name,

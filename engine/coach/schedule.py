@@ -21,9 +21,10 @@ each round is one of two kinds:
   would remain.
 
 A screen's winner is its promoted branch (the head the next round branches from). When a screen
-promoted nothing, its best branch by point estimate (above its parent and the control, no
-blocking rule, not regressed) is continued *provisionally*: its gain was inside the floor after a
-short screen, and the continuation is judged on the lineage's whole gain.
+promoted nothing, its best branch by point estimate (above its parent and the control, inside the
+floor: neither regressed, nor mixed, a guardrail's harm, nor rejected) is continued
+*provisionally*: its gain was inside the floor after a short screen, and the continuation is
+judged on the lineage's whole gain.
 
 **Judging a segment** (`segment_label`): a lineage must not throw away real gains one increment
 at a time, nor collect small losses one increment at a time. A continuation or combination is
@@ -212,7 +213,7 @@ class Schedule:
             v
             for v in branches
             if v.state == "pruned"
-            and v.verdict in ("insufficient evidence", "mixed")
+            and v.verdict == "insufficient evidence"  # mixed: a declared guardrail says it harms
             and v.verdict_delta is not None
             and v.verdict_delta > bar
             and (v is control or control is None or v.verdict_delta > (control.verdict_delta or 0.0))
