@@ -589,6 +589,12 @@ class BenchConfig(_Section):
     hand_recipe: dict[str, Any] = Field(
         default_factory=dict, description="[recipe] fields of the hand-made recipe, over this workspace's [recipe]."
     )
+    lanes: int | None = Field(
+        None,
+        ge=1,
+        description="Benchmark jobs run side by side, each run with cores // lanes torch threads"
+        " (unset: one per core, at most 4; 1: one after the other, every run on all cores).",
+    )
     quick_budget_steps: int = Field(8, ge=1, description="--quick: GRPO steps per arm.")
     quick_version_steps: int = Field(4, ge=1, description="--quick: recipe.steps of the loops' versions.")
     quick_warmup_steps: int = Field(200, ge=1, description="--quick: warm-up steps of v0.")

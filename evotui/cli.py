@@ -472,6 +472,14 @@ def bench(
         int | None, typer.Option(min=1, help="GRPO steps per arm (default: [bench] budget_steps).")
     ] = None,
     seeds: Annotated[str | None, typer.Option(help="Comma-separated seeds (default: [bench] seeds).")] = None,
+    lanes: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Jobs side by side, each run with cores // lanes torch threads (default: [bench] lanes, else one"
+            " per core up to 4; 1: one after the other).",
+        ),
+    ] = None,
 ) -> None:
     """The autonomy benchmark: base, hand recipe, score-only loop and full loop on the same v0,
     data and step budget, scored on the clean environment. Writes a Markdown report with a
@@ -485,7 +493,7 @@ def bench(
         if engine_socket(ws.root) is not None:
             raise BenchError(f"an engine serves {ws.root}; stop it first (`evotui engine {ws.root} --stop`)")
         config = ws.load_config()
-        settings = BenchSettings.from_config(config, quick=quick, budget=budget, seeds=_seeds(seeds))
+        settings = BenchSettings.from_config(config, quick=quick, budget=budget, seeds=_seeds(seeds), lanes=lanes)
         run = run_bench(ws.root, settings, say=lambda line: console.print(line, highlight=False))
         path, found, plots = write_report(run, config.domain.name)
         with Store(ws.db_path) as store:

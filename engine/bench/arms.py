@@ -11,7 +11,9 @@
 
 Each seed clones the workspace's committed state into `<ws>/.evotrainer/bench/<id>/seed<k>/`,
 builds v0 there once, and copies that clone for every arm, so the arms start from the same
-policy and store. The arms run one after the other (a 2-core machine trains one run at a time).
+policy and store. The training arms of a seed run side by side in `lanes` processes, each run
+with its share of the cores as torch threads (`engine.bench.lanes`); with one lane, one after the
+other in this process.
 A loop arm runs coach rounds until its versions have used the budget's GRPO steps; every gate is
 answered yes. Scores are measured on the clean environment: with the SWE leak switch on, every
 evaluation also plays val clean (split ``clean``), and that is what the benchmark reports; the
@@ -48,6 +50,8 @@ from engine.versions import ACTOR
 from engine.workspace import STATE_DIR, Workspace, init_workspace
 
 ARMS = ("base", "hand", "score-only", "random", "full")
+#: The arms that train, each in its own copy of the seed's clone (they may run side by side).
+TRAINED = ARMS[1:]
 
 Say = Callable[[str], None]
 
@@ -66,10 +70,18 @@ class BenchSettings:
     leak_rate: float = 0.0
     transfer_from: str = ""
     hand_recipe: dict[str, Any] = field(default_factory=dict)
+    #: Jobs run side by side (None: `engine.bench.lanes.default_lanes`, one per core up to the
+    #: four training arms); 1: everything in this process, one after the other.
+    lanes: int | None = None
 
     @classmethod
     def from_config(
-        cls, config: WorkspaceConfig, quick: bool = False, budget: int | None = None, seeds: list[int] | None = None
+        cls,
+        config: WorkspaceConfig,
+        quick: bool = False,
+        budget: int | None = None,
+        seeds: list[int] | None = None,
+        lanes: int | None = None,
     ) -> BenchSettings:
         b = config.bench
         return cls(
@@ -83,7 +95,15 @@ class BenchSettings:
             leak_rate=b.leak_rate,
             transfer_from="" if quick else b.transfer_from,
             hand_recipe=dict(b.hand_recipe),
+            lanes=lanes or b.lanes,
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchSettings:
+        return cls(**{**data, "seeds": tuple(data["seeds"])})
 
 
 @dataclass
@@ -139,6 +159,10 @@ class ArmResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ArmResult:
+        return cls(**{**data, "versions": [VersionRow(**v) for v in data["versions"]]})
 
 
 class BenchError(RuntimeError):
@@ -454,9 +478,12 @@ def transfer_skills(template: str, dest: Path, settings: BenchSettings, say: Say
     return sorted((ws.root / "skills").glob("*.md"))
 
 
-def run_seed(
+def prepare_seed(
     source: Path, root: Path, seed: int, settings: BenchSettings, say: Say, skills: list[Path]
-) -> list[ArmResult]:
+) -> ArmResult:
+    """The seed's start: its clone of the workspace with v0 built and evaluated on test (once for
+    every arm), the base arm read from it, and a copy of that clone for each training arm (with
+    the skill cards offered to the loops). Returns the base arm."""
     config = Workspace.open(source).load_config()
     base = clone_workspace(source, root / "base", _arm_edits(config, settings, seed), f"bench seed {seed}")
     say(f"seed {seed}: building v0 in {base.root}")
@@ -467,26 +494,40 @@ def run_seed(
         # environment too where the benchmark has one (the answer of an arm that promoted nothing).
         engine.evaluate(BASE, "test", config=_leaky_config(engine.version_config(BASE), settings))
         v0_cpu, v0_wall = _cpu_seconds(engine.store) - cpu, time.perf_counter() - wall
-    results = []
-    for arm in ARMS:
-        ws = base
-        if arm != "base":
-            shutil.copytree(base.root, root / arm, symlinks=True)
-            ws = Workspace(root / arm)
-            if skills:
-                (ws.root / "skills").mkdir(exist_ok=True)
-                for card in skills:
-                    shutil.copy(card, ws.root / "skills" / card.name)
-        say(f"seed {seed}: arm {arm}")
-        result = run_arm(arm, ws, seed, settings, say)
-        if arm == "base":
-            result.cpu_seconds, result.wall_seconds = v0_cpu, v0_wall
-        results.append(result)
-        say(
-            f"seed {seed}: {arm} -> {result.final}, test sampled {_pct(result.test_sampled)}, "
-            f"{result.steps} steps, {result.cpu_seconds:.0f} CPU s"
-        )
-    return results
+    say(f"seed {seed}: arm base")
+    result = run_arm("base", base, seed, settings, say)
+    result.cpu_seconds, result.wall_seconds = v0_cpu, v0_wall
+    say(arm_summary(result))
+    for arm in TRAINED:
+        shutil.copytree(base.root, root / arm, symlinks=True)
+        if skills:
+            (root / arm / "skills").mkdir(exist_ok=True)
+            for card in skills:
+                shutil.copy(card, root / arm / "skills" / card.name)
+    return result
+
+
+def run_trained_arm(arm: str, root: Path, seed: int, settings: BenchSettings, say: Say) -> ArmResult:
+    """One training arm of a seed, in the copy `prepare_seed` made for it."""
+    say(f"seed {seed}: arm {arm}")
+    result = run_arm(arm, Workspace(root / arm), seed, settings, say)
+    say(arm_summary(result))
+    return result
+
+
+def run_seed(
+    source: Path, root: Path, seed: int, settings: BenchSettings, say: Say, skills: list[Path]
+) -> list[ArmResult]:
+    """Every arm of a seed, one after the other, in this process."""
+    results = [prepare_seed(source, root, seed, settings, say, skills)]
+    return results + [run_trained_arm(arm, root, seed, settings, say) for arm in TRAINED]
+
+
+def arm_summary(result: ArmResult) -> str:
+    return (
+        f"seed {result.seed}: {result.arm} -> {result.final}, test sampled {_pct(result.test_sampled)}, "
+        f"{result.steps} steps, {result.cpu_seconds:.0f} CPU s"
+    )
 
 
 def _pct(x: float | None) -> str:
@@ -527,7 +568,13 @@ def run_bench(source: Path | str, settings: BenchSettings, say: Say = print) -> 
     if settings.transfer_from:
         skills = transfer_skills(settings.transfer_from, root / "transfer", settings, say)
         say(f"  transfer: {len(skills)} skill card(s) offered to the loops: {', '.join(p.stem for p in skills)}")
-    results = []
-    for seed in settings.seeds:
-        results += run_seed(source, root / f"seed{seed}", seed, settings, say, skills)
+    from engine.bench.lanes import default_lanes, run_in_lanes
+
+    lanes = settings.lanes or default_lanes()
+    if lanes > 1:
+        results = run_in_lanes(source, root, settings, skills, lanes, say)
+    else:
+        results = []
+        for seed in settings.seeds:
+            results += run_seed(source, root / f"seed{seed}", seed, settings, say, skills)
     return BenchRun(bench_id, root, settings, results, [p.stem for p in skills], time.perf_counter() - started)

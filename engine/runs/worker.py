@@ -101,7 +101,7 @@ def run_warmup(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
         model, tokenizer = load_model(cfg.policy.pretrained, cfg.policy.dtype)
     model.to(device())
     steps = cfg.warmup_steps
-    events.write("start", total_steps=steps, parameters=model.num_parameters())
+    events.write("start", total_steps=steps, parameters=model.num_parameters(), threads=torch.get_num_threads())
     if steps:
         every = max(1, steps // 50)
 
@@ -407,7 +407,7 @@ class _EventCallback(TrainerCallback):
         self.start = start
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-        self.events.write("start", total_steps=state.max_steps - self.start)
+        self.events.write("start", total_steps=state.max_steps - self.start, threads=torch.get_num_threads())
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
         if not logs:
@@ -512,7 +512,7 @@ def run_eval(spec: RunSpec, run_dir: Path, events: EventLog) -> None:
     assert spec.model_in is not None
     model, tokenizer = load_policy(spec.model_in, spec.config.policy.dtype)
     model.to(device())
-    events.write("start", total_steps=0)
+    events.write("start", total_steps=0, threads=torch.get_num_threads())
     _evaluate_and_log(spec, run_dir, events, model, tokenizer, 0)
 
 
