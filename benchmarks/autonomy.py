@@ -56,9 +56,38 @@ def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:
             # The same rule the coach decides by (engine.harness.rules.BLOCKING_RULES, critical).
             if v["decision"] == "promoted" and v["blocking"] and v["parent"] is not None:
                 problems.append(f"seed {r['seed']}: {r['arm']} promoted {v['name']} despite {v['blocking']}")
+    problems += check_lanes(bench_dir, data)
     limit = 600 if quick else 3600
     if seconds > limit:
         problems.append(f"took {seconds:.0f} s, over the {limit} s budget")
+    return problems
+
+
+def check_lanes(bench_dir: Path, data: dict) -> list[str]:
+    """With lanes, every job kept its output and every run of a training arm ran on its lane's
+    share of the cores (the threads its worker recorded as it started)."""
+    from engine.bench.lanes import threads_per_lane
+
+    lanes = data["settings"]["lanes"]
+    if lanes is None or lanes < 2:
+        return []
+    problems = []
+    for r in data["results"]:
+        log = bench_dir / f"seed{r['seed']}" / "lanes" / f"{r['arm']}.log"
+        if not log.is_file():
+            problems.append(f"seed {r['seed']}, {r['arm']}: no job output at {log}")
+        if r["arm"] == "base":
+            continue
+        events = Path(r["workspace"]) / ".evotrainer" / "runs"
+        starts = [
+            json.loads(line)
+            for path in events.glob("v[1-9]*/events.jsonl")
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if '"type":"start"' in line
+        ]
+        threads = {e.get("threads") for e in starts}
+        if not starts or threads != {threads_per_lane(lanes)}:
+            problems.append(f"seed {r['seed']}, {r['arm']}: runs on {threads} threads, not {threads_per_lane(lanes)}")
     return problems
 
 
@@ -88,7 +117,7 @@ def main() -> int:
             print(f"check failed: {p}")
         if problems:
             return 1
-        print("check passed: table, every finding section, test scores, no blocked promotion, time budget")
+        print("check passed: table, every finding section, test scores, no blocked promotion, lanes, time budget")
     return 0
 
 

@@ -1,11 +1,13 @@
 """The benchmark's lanes: jobs side by side, each a process of its own, and what happens when one
 fails. The jobs here are played by a stand-in interpreter (a shell script that reads the job file
 it is given), so the scheduling is tested without training anything; `tests/test_bench.py` runs
-the real jobs in two lanes."""
+the real jobs in one process and CI's quick benchmark (`benchmarks/autonomy.py --quick --check`)
+in lanes, checking each run's threads."""
 
 from __future__ import annotations
 
 import json
+import os
 import stat
 import time
 from pathlib import Path
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from engine.bench.arms import ARMS, BenchError, BenchSettings
-from engine.bench.lanes import MAX_LANES, default_lanes, run_in_lanes, threads_per_lane
+from engine.bench.lanes import MAX_LANES, available_cores, default_lanes, run_in_lanes, threads_per_lane
 
 SETTINGS = BenchSettings(budget_steps=2, version_steps=1, seeds=(1, 2))
 
@@ -27,8 +29,13 @@ def stand_in(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
-def test_lanes_are_one_per_core_up_to_the_training_arms_and_share_the_cores() -> None:
+def test_lanes_are_one_per_core_up_to_the_training_arms_and_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [default_lanes(c) for c in (1, 2, 3, 16)] == [1, 2, 3, MAX_LANES]
+    # A process already limited to one thread (a test worker, a scheduler's slot) shares that.
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert available_cores() == 1 and default_lanes() == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert available_cores() == len(os.sched_getaffinity(0))
     assert MAX_LANES == len(ARMS) - 1
     assert [threads_per_lane(n, cores=2) for n in (1, 2, 4)] == [2, 1, 1]
     assert threads_per_lane(4, cores=16) == 4

@@ -27,7 +27,7 @@ import resource
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -571,6 +571,7 @@ def run_bench(source: Path | str, settings: BenchSettings, say: Say = print) -> 
     from engine.bench.lanes import default_lanes, run_in_lanes
 
     lanes = settings.lanes or default_lanes()
+    settings = replace(settings, lanes=lanes)  # what ran, for results.json
     if lanes > 1:
         results = run_in_lanes(source, root, settings, skills, lanes, say)
     else:

@@ -49,14 +49,22 @@ from engine.bench.arms import (
 MAX_LANES = len(TRAINED)
 
 
+def available_cores() -> int:
+    """The cores this process may use: its CPU affinity, or fewer where OMP_NUM_THREADS already
+    limits it (a test worker, a scheduler's slot): the lanes share what was given, not the machine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, min(cores, int(given))) if given.isdigit() and int(given) > 0 else cores
+
+
 def default_lanes(cores: int | None = None) -> int:
     """One lane per core, at most `MAX_LANES`."""
-    return max(1, min(MAX_LANES, cores or os.cpu_count() or 1))
+    return max(1, min(MAX_LANES, cores or available_cores()))
 
 
 def threads_per_lane(lanes: int, cores: int | None = None) -> int:
     """The torch threads of each run: the cores shared out between the lanes, one at least."""
-    return max(1, (cores or os.cpu_count() or 1) // lanes)
+    return max(1, (cores or available_cores()) // lanes)
 
 
 @dataclass(frozen=True)
