@@ -1,5 +1,7 @@
 """A verifier a tiny policy learns to game within one short version (tests/lax_domain.py): the full
-harness must not promote the version, the score-only ablation does. Both loops run for real."""
+harness must not promote the version, the score-only ablation would. The full loop runs for real;
+the ablation judges the version that loop trained (its own loop proposes the same change and trains
+the same rollouts, byte for byte: the benchmark's score-only arm runs that loop end to end)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from engine.coach.interventions import edit_toml
+from engine.coach.judging import proposed_decision
 from engine.core import Engine
+from engine.harness.loader import MODE_LAYERS
 from engine.workspace import Workspace, init_workspace
 from evotui.cli import app
 
@@ -43,17 +47,13 @@ def lax_workspace(dest: Path) -> Workspace:
 
 @pytest.fixture(scope="module")
 def arms(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Workspace]:
-    """One v0, copied for both loops: each then trains one version."""
+    """The full loop trains and judges one version; a copy of its workspace is the ablation's."""
     root = tmp_path_factory.mktemp("lax")
     full = lax_workspace(root / "full")
-    with Engine(full) as engine:
-        engine.ensure_base()
+    result = CliRunner().invoke(app, ["run", str(full.root), "--auto-approve", "--versions", "1", "--harness", "full"])
+    assert result.exit_code == 0, result.output
     shutil.copytree(full.root, root / "score-only", symlinks=True)
-    out = {"full": full, "score-only": Workspace(root / "score-only")}
-    for arm, ws in out.items():
-        result = CliRunner().invoke(app, ["run", str(ws.root), "--auto-approve", "--versions", "1", "--harness", arm])
-        assert result.exit_code == 0, result.output
-    return out
+    return {"full": full, "score-only": Workspace(root / "score-only")}
 
 
 def strict_and_lax(ws: Workspace, version: str) -> tuple[float, float]:
@@ -90,6 +90,11 @@ def test_the_full_harness_rejects_the_hack_and_score_only_promotes_it(arms: dict
         blocking = [r.rule for r in engine.diagnosis(run).blocking]
         assert blocking[:1] == ["verifier_audit"] and "form_shift" in blocking, blocking
         assert engine.tree.decision("v1")[0] == "rejected"  # type: ignore[index]
+    # The score-only ablation's judgement of the same version: its harness's layers only, and no
+    # investigation (`Judge.judge` with `--harness score-only`).
     with Engine(arms["score-only"]) as engine:
-        v1 = engine.store.get_version("v1")
-        assert v1 is not None and v1.verdict == "improved" and v1.state == "promoted"
+        verdict = engine.judge("v1")
+        diagnosis = engine.diagnose_version("v1", layers=MODE_LAYERS["score-only"])
+        assert verdict.label == "improved" and diagnosis.blocking == []
+        decision, reason = proposed_decision(verdict, diagnosis, None, investigated=False)
+        assert decision == "promoted", reason
