@@ -471,6 +471,7 @@ def test_evolution_sql_may_only_read_completions() -> None:
         "SELECT * FROM read_csv('/etc/passwd')",
         "SELECT avg(value) FROM metrics",  # another table of the store
         "SELECT count(*) FROM completions, versions",
+        "SELECT count(*) FROM completions, probe_rows",  # what an investigation's probes read
         "SELECT 42",  # reads nothing to measure
     ):
         with pytest.raises(UnsafeSQLError):

@@ -55,7 +55,11 @@ class UnsafeSQLError(ValueError):
 
 
 #: The store's tables: an analyzer reads `completions` (a view of one run's rollouts), none of these.
-_TABLES = re.compile(r"\b(" + "|".join(re.findall(r"CREATE TABLE (\w+)", "".join(MIGRATIONS))) + r")\b", re.IGNORECASE)
+#: The rows an investigation's probes read (`probe_all`), held for the probes' queries only.
+PROBE_ROWS = "probe_rows"
+_TABLES = re.compile(
+    r"\b(" + "|".join([*re.findall(r"CREATE TABLE (\w+)", "".join(MIGRATIONS)), PROBE_ROWS]) + r")\b", re.IGNORECASE
+)
 
 
 def check_sql(sql: str) -> None:
@@ -70,11 +74,11 @@ def check_sql(sql: str) -> None:
         raise UnsafeSQLError("analyzer SQL must read `completions` (one run's rollouts)")
 
 
-def over_completions(sql: str, where: str) -> str:
+def over_completions(sql: str, where: str, source: str = "rollouts") -> str:
     """`sql` with `completions` bound to the rollouts `where` selects (an SQL condition on the
-    `rollouts` columns), plus the policy's `text` and `correct`."""
+    `rollouts` columns of `source`), plus the policy's `text` and `correct`."""
     check_sql(sql)
-    view = f"completions AS (SELECT o.*, {POLICY_TEXT} AS text, {CORRECT} AS correct FROM rollouts o WHERE {where})"
+    view = f"completions AS (SELECT o.*, {POLICY_TEXT} AS text, {CORRECT} AS correct FROM {source} o WHERE {where})"
     stripped = sql.strip()
     if stripped[:4].lower() == "with":
         return f"WITH {view}, {stripped[4:].lstrip()}"
@@ -92,6 +96,18 @@ VAL_PASS_ROWS = f"""
     o.run_id = $run AND o.split = 'val' AND o.decoding = 'sampled' AND o.sample_idx = $pass
     AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val') AND {CORRECT}
     AND [o.task_id, o.prompt] IN (
+        SELECT [o.task_id, o.prompt] FROM rollouts o
+        WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
+          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
+        GROUP BY o.task_id, o.prompt HAVING count(DISTINCT o.run_id) = 2)
+"""
+#: The same rows of both runs and every pass at once (`PROBE_ROWS`): what a probe reads of `$run`'s
+#: pass `$pass` is then the rows of that run and pass.
+_BOTH_PASSES_ROWS = f"""
+    SELECT o.* FROM rollouts o
+    WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
+      AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
+      AND [o.task_id, o.prompt] IN (
         SELECT [o.task_id, o.prompt] FROM rollouts o
         WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
           AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
@@ -247,19 +263,48 @@ class Probe:
 def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> Probe:
     """Measure `spec` on every sampled val pass of the child's and the parent's evaluations (the
     accepted answers on the tasks both solved: `VAL_PASS_ROWS`)."""
-    try:
-        values: dict[str, list[float]] = {}
-        rows: dict[str, int] = {}
-        for run_id, other in ((child_run, parent_run), (parent_run, child_run)):
-            passes = store.query(
+    return probe_all(store, [spec], child_run, parent_run)[spec.name]
+
+
+def probe_all(store: Store, specs: list[AnalyzerSpec], child_run: str, parent_run: str) -> dict[str, Probe]:
+    """`probe` for each spec, by name. The rows they read are selected once (`PROBE_ROWS`): that
+    selection, not a spec's own query, is most of a probe's cost."""
+    passes = {
+        run_id: [
+            k
+            for (k,) in store.query(
                 "SELECT DISTINCT sample_idx FROM rollouts WHERE run_id = ? AND split = 'val' AND decoding = 'sampled'"
                 " ORDER BY 1",
                 [run_id],
             )
-            measured = [spec_value(store, spec, run_id, k, other) for (k,) in passes]
-            values[run_id] = [v for v in measured if v is not None]
-            counted = [spec_value(store, _COUNT, run_id, k, other) for (k,) in passes]
-            rows[run_id] = int(sum(n or 0 for n in counted))
+        ]
+        for run_id in (child_run, parent_run)
+    }
+    with store.temp_table(PROBE_ROWS, _BOTH_PASSES_ROWS, {"run": child_run, "other": parent_run}):
+        counts = {run_id: _pass_values(store, _COUNT, run_id, ks) for run_id, ks in passes.items()}
+        rows = {run_id: int(sum(n or 0 for n in counted)) for run_id, counted in counts.items()}
+        return {s.name: _probe(store, s, passes, rows, child_run, parent_run) for s in specs}
+
+
+def _pass_values(store: Store, spec: AnalyzerSpec, run_id: str, passes: list[int]) -> list[float | None]:
+    """The spec's number on each of `passes` of the run, read from `PROBE_ROWS`."""
+    sql = over_completions(spec.sql, "o.run_id = $run AND o.sample_idx = $pass", PROBE_ROWS)
+    values = [store.query_one(sql, {"run": run_id, "pass": k}) for k in passes]
+    return [None if not row or row[0] is None else float(row[0]) for row in values]
+
+
+def _probe(
+    store: Store,
+    spec: AnalyzerSpec,
+    passes: dict[str, list[int]],
+    rows: dict[str, int],
+    child_run: str,
+    parent_run: str,
+) -> Probe:
+    try:
+        values = {
+            run_id: [v for v in _pass_values(store, spec, run_id, ks) if v is not None] for run_id, ks in passes.items()
+        }
         if spec.kind == "mean":
             return Probe(spec, ratio_shift(spec.name, values[child_run], values[parent_run]))
         shift = share_shift(spec.name, values[child_run], values[parent_run], (rows[child_run], rows[parent_run]))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.coach.context import CoachContext
-from engine.coach.evolution import Investigation, evolve, find_anomaly, moved, probe
+from engine.coach.evolution import Investigation, evolve, find_anomaly, moved, probe_all
 from engine.coach.planning import Planner
 from engine.coach.rounds import Round
 from engine.coach.schedule import EXPLOIT, Schedule, SegmentVerdict, margin
@@ -110,7 +110,7 @@ class BranchJudge:
         emit("evolution", f"{name} {verdict.label} and {why}: investigating before the decision")
         try:
             specs = self.planner.propose_analyzers(rnd, parent_diagnosis, anomaly)
-            probes = {s.name: probe(store, s, runs[0].id, runs[1].id) for s in specs} if all(runs) else {}
+            probes = probe_all(store, specs, runs[0].id, runs[1].id) if all(runs) and specs else {}
             for p in probes.values():
                 emit("evolution", f"probe {p.summary()}", version=name, found=p.found)
             results = evolve(store, root, specs, rnd.id, existing, name, probes)

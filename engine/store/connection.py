@@ -64,6 +64,16 @@ class Connection:
         rows = self.con.execute(sql, params).fetchall()
         return rows[0] if rows else None
 
+    @contextmanager
+    def temp_table(self, name: str, sql: str, params: Any = None) -> Iterator[None]:
+        """A temporary table of this connection holding `sql`'s rows while the block runs: many
+        queries over one costly selection read it once."""
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS {sql}", params)
+        try:
+            yield
+        finally:
+            self.con.execute(f"DROP TABLE IF EXISTS {name}")
+
     # -- schema -------------------------------------------------------------------------------
     def schema_version(self) -> int:
         self.con.execute("CREATE TABLE IF NOT EXISTS schema_meta (version INTEGER NOT NULL)")
