@@ -87,23 +87,13 @@ def over_completions(sql: str, where: str, source: str = "rollouts") -> str:
 
 #: What `completions` holds when a spec measures a run: its train rollouts.
 TRAIN_ROWS = "o.run_id = $run AND o.split = 'train'"
-#: ... and when it probes one sampled val pass of a run's latest evaluation against another run's
-#: (`$other`): the accepted answers of that pass, on the tasks both runs solved in some pass. Like
-#: with like: a version that solves more tasks moves any number read over all its answers (that
-#: moves with the score and can neither explain nor convict it); the same tasks, solved by both,
-#: answered in a new way, is what a probe is for (answers a buggy verifier accepts, say).
+#: ... and when it probes a run's sampled val passes against another run's (`$other`): the accepted
+#: answers of its latest evaluation, on the tasks both runs solved in some pass. Like with like: a
+#: version that solves more tasks moves any number read over all its answers (that moves with the
+#: score and can neither explain nor convict it); the same tasks, solved by both, answered in a
+#: new way, is what a probe is for (answers a buggy verifier accepts, say). Selected for both runs
+#: and every pass at once (`probe_all` holds them in `PROBE_ROWS`); a probe reads one run's pass.
 VAL_PASS_ROWS = f"""
-    o.run_id = $run AND o.split = 'val' AND o.decoding = 'sampled' AND o.sample_idx = $pass
-    AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = $run AND split = 'val') AND {CORRECT}
-    AND [o.task_id, o.prompt] IN (
-        SELECT [o.task_id, o.prompt] FROM rollouts o
-        WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
-          AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
-        GROUP BY o.task_id, o.prompt HAVING count(DISTINCT o.run_id) = 2)
-"""
-#: The same rows of both runs and every pass at once (`PROBE_ROWS`): what a probe reads of `$run`'s
-#: pass `$pass` is then the rows of that run and pass.
-_BOTH_PASSES_ROWS = f"""
     SELECT o.* FROM rollouts o
     WHERE o.run_id IN ($run, $other) AND o.split = 'val' AND o.decoding = 'sampled' AND {CORRECT}
       AND o.step = (SELECT max(step) FROM rollouts WHERE run_id = o.run_id AND split = 'val')
@@ -219,16 +209,9 @@ class EvolutionResult:
     probe: Probe | None = None
 
 
-def spec_value(
-    store: Store, spec: AnalyzerSpec, run_id: str, sample: int | None = None, other: str | None = None
-) -> float | None:
-    """The spec's number on a run's train rollouts, or with `sample` on that sampled val pass
-    against the `other` run (`VAL_PASS_ROWS`)."""
-    if sample is None:
-        row = store.query_one(over_completions(spec.sql, TRAIN_ROWS), {"run": run_id})
-    else:
-        params = {"run": run_id, "pass": sample, "other": other}
-        row = store.query_one(over_completions(spec.sql, VAL_PASS_ROWS), params)
+def spec_value(store: Store, spec: AnalyzerSpec, run_id: str) -> float | None:
+    """The spec's number on a run's train rollouts."""
+    row = store.query_one(over_completions(spec.sql, TRAIN_ROWS), {"run": run_id})
     if not row or row[0] is None:
         return None
     return float(row[0])
@@ -280,7 +263,7 @@ def probe_all(store: Store, specs: list[AnalyzerSpec], child_run: str, parent_ru
         ]
         for run_id in (child_run, parent_run)
     }
-    with store.temp_table(PROBE_ROWS, _BOTH_PASSES_ROWS, {"run": child_run, "other": parent_run}):
+    with store.temp_table(PROBE_ROWS, VAL_PASS_ROWS, {"run": child_run, "other": parent_run}):
         counts = {run_id: _pass_values(store, _COUNT, run_id, ks) for run_id, ks in passes.items()}
         rows = {run_id: int(sum(n or 0 for n in counted)) for run_id, counted in counts.items()}
         return {s.name: _probe(store, s, passes, rows, child_run, parent_run) for s in specs}
