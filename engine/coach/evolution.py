@@ -243,15 +243,10 @@ class Probe:
         return {"found": self.found, "summary": self.summary(), "shift": shift, "error": self.error}
 
 
-def probe(store: Store, spec: AnalyzerSpec, child_run: str, parent_run: str) -> Probe:
-    """Measure `spec` on every sampled val pass of the child's and the parent's evaluations (the
-    accepted answers on the tasks both solved: `VAL_PASS_ROWS`)."""
-    return probe_all(store, [spec], child_run, parent_run)[spec.name]
-
-
 def probe_all(store: Store, specs: list[AnalyzerSpec], child_run: str, parent_run: str) -> dict[str, Probe]:
-    """`probe` for each spec, by name. The rows they read are selected once (`PROBE_ROWS`): that
-    selection, not a spec's own query, is most of a probe's cost."""
+    """Each spec measured on every sampled val pass of the child's and the parent's evaluations (the
+    accepted answers on the tasks both solved: `VAL_PASS_ROWS`), by name. Those rows are selected
+    once (`PROBE_ROWS`): that selection, not a spec's own query, is most of a probe's cost."""
     passes = {
         run_id: [
             k
