@@ -181,7 +181,9 @@ EpisodeRewardFn = Callable[[Episode], float]
 
 class AgenticDomain(Domain, Protocol):
     """A domain whose completions are episodes: the policy writes one action line per turn and the
-    environment answers; TRL trains on the actions only (`env_mask`)."""
+    environment answers; TRL trains on the actions only (`env_mask`). One with a leak switch (SWE)
+    also has `leaky` (the switch is on) and `leaks(task)` (this task's environment differs when
+    clean); an evaluation replays clean only the tasks that leak."""
 
     max_turns: int
 

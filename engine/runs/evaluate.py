@@ -24,13 +24,16 @@ from engine.domains.base import AgenticDomain, is_agentic
 from engine.policy.pretrained import PromptFormat
 from engine.policy.sampler import MAX_ROWS, generate_ids
 from engine.runs.artifacts import RolloutBatch
-from engine.runs.episodes import add_episode, play, score_episode
+from engine.runs.episodes import EpisodeRollout, add_episode, play, score_episode
 
 
 @dataclass(frozen=True)
 class EvalResult:
     greedy: RolloutBatch
     sampled: RolloutBatch
+    #: An agentic domain's episodes, one list per pass (greedy, then each sampled seed), for the
+    #: same split's evaluation in the other environment to reuse (`evaluate`'s `replay_of`).
+    episodes: tuple[list[EpisodeRollout], ...] = ()
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -99,12 +102,19 @@ def evaluate(
     clean: bool = False,
     split: str = "val",
     fmt: PromptFormat | None = None,
+    replay_of: EvalResult | None = None,
 ) -> EvalResult:
     """Rollouts of a held-out split, greedy and sampled, each completion (or episode) given
     `max_new_tokens` (None: the policy's whole room). Val: `clean` plays agentic episodes without
     the leak and stores them as split ``clean``. Test plays clean, unless `clean` is False in a
     leaky environment: then it stores split ``test_leaky``, which only the benchmark's leak
-    finding reads (the final version's leaky-minus-clean gap on test)."""
+    finding reads (the final version's leaky-minus-clean gap on test).
+
+    `replay_of`: the same split's evaluation in the other environment (leaky for a clean replay,
+    clean for a leaky one), same model and seeds. A task the leak does not touch has one
+    environment either way, so its episodes are taken from there instead of played again: only
+    the leaking tasks are replayed. Each such task then scores exactly the same in both, and a
+    leaky-minus-clean gap is the leak's alone, not the difference of two sampling draws."""
     tasks = list(domain.tasks(split))
     prompts = [t.prompt for t in tasks]
     if max_new_tokens is None:
@@ -117,7 +127,7 @@ def evaluate(
     greedy = RolloutBatch(run_id=run_id, step=step, split=split, decoding="greedy")
     sampled = RolloutBatch(run_id=run_id, step=step, split=split, decoding="sampled")
     if is_agentic(domain):
-        _evaluate_episodes(
+        episodes = _evaluate_episodes(
             model,
             tokenizer,
             domain,
@@ -130,8 +140,9 @@ def evaluate(
             greedy,
             sampled,
             clean,
+            replay_of.episodes if replay_of is not None else None,
         )
-        return EvalResult(greedy, sampled)
+        return EvalResult(greedy, sampled, episodes)
     passes = [(greedy, 0, generate(model, tokenizer, prompts, max_new_tokens, do_sample=False, fmt=fmt))]
     for k in range(sampled_seeds):
         # Fixed seeds: a version is always judged on the same draws.
@@ -248,16 +259,42 @@ def _evaluate_episodes(
     greedy: RolloutBatch,
     sampled: RolloutBatch,
     clean: bool,
-) -> None:
-    passes = [(greedy, 0, play(model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=False, clean=clean))]
+    reuse: tuple[list[EpisodeRollout], ...] | None,
+) -> tuple[list[EpisodeRollout], ...]:
+    """Plays the passes (greedy, then each sampled seed) into `greedy` and `sampled`; returns
+    each pass's episodes. With `reuse` (the passes of the other environment), only the tasks
+    that environment plays differently are played."""
+    leaks = getattr(domain, "leaks", None)
+    replayed = [i for i, task in enumerate(tasks) if reuse is None or leaks is None or leaks(task)]
+    if reuse is not None and (len(reuse) != sampled_seeds + 1 or any(len(p) != len(tasks) for p in reuse)):
+        raise ValueError("replay_of holds another number of passes or tasks than this evaluation: evaluate afresh")
+    subset = [tasks[i] for i in replayed]
+
+    def play_pass(pass_idx: int, do_sample: bool) -> list[EpisodeRollout]:
+        played = play(
+            model,
+            tokenizer,
+            domain,
+            subset,
+            max_tokens=max_tokens,
+            do_sample=do_sample,
+            temperature=temperature,
+            clean=clean,
+        )
+        if reuse is None or len(replayed) == len(tasks):
+            return played
+        merged = list(reuse[pass_idx])
+        for i, rollout in zip(replayed, played, strict=True):
+            merged[i] = rollout
+        return merged
+
+    passes = [(greedy, 0, play_pass(0, False))]
     for k in range(sampled_seeds):
         torch.manual_seed(seed * 1000 + k)
-        episodes = play(
-            model, tokenizer, domain, tasks, max_tokens=max_tokens, do_sample=True, temperature=temperature, clean=clean
-        )
-        passes.append((sampled, k + 1, episodes))
+        passes.append((sampled, k + 1, play_pass(k + 1, True)))
     for batch, sample_idx, rollouts in passes:
         for i, rollout in enumerate(rollouts):
             total, components = score_episode(domain, rollout.episode, weights)
             completion = tokenizer.decode(rollout.completion_ids, skip_special_tokens=True)
             add_episode(batch, rollout, i, sample_idx, total, components, completion)
+    return tuple(rollouts for _, _, rollouts in passes)

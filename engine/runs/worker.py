@@ -59,8 +59,11 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
     domain = make_domain(cfg.domain, spec.workspace)
     # Val, and for a leaky environment val again clean (split "clean", for the leak check); an
     # eval run of the test split plays test clean, and in a leaky environment test again leaky
-    # (split "test_leaky": what the policy would score where the fix sits in the history).
+    # (split "test_leaky": what the policy would score where the fix sits in the history). The
+    # second replay plays only the tasks the leak touches and reuses the first one's episodes of
+    # the rest, whose environment is the same either way.
     leaky = getattr(domain, "leaky", False)
+    first = None
     if spec.split == "test":
         replays: tuple[bool, ...] = (True, False) if leaky else (True,)
     else:
@@ -80,7 +83,10 @@ def _evaluate_and_log(spec: RunSpec, run_dir: Path, events: EventLog, model: Any
             clean=clean,
             split=spec.split,
             fmt=PromptFormat.of(cfg.policy, domain),
+            replay_of=first,
         )
+        if first is None:
+            first = result
         for batch in (result.greedy, result.sampled):
             file = write_rollouts(run_dir, f"{batch.split}-{batch.decoding}-{step:06d}", batch)
             events.write("rollouts", step=step, split=batch.split, file=file, rows=len(batch))
