@@ -3,10 +3,10 @@
 Val is what every decision reads. Its episodes play in the environment as the workspace
 configures it: with the SWE leak switch on, val leaks too, as a contaminated benchmark does, and
 that is the score the loop sees; a leaky domain's val is also replayed clean (split ``clean``),
-which the harness's leak check reads: only its leaking tasks are played again (`replay_of`). Test is held out from everything that decides: only
+which the harness's leak check reads. Test is held out from everything that decides: only
 `evotui eval --split test` and the benchmark's report evaluate it, clean (split ``test``); in a
 leaky environment test is also played leaky (split ``test_leaky``), for the benchmark's leak
-finding alone."""
+finding alone. Either replay plays only the tasks the leak touches (`replay_of`)."""
 
 from __future__ import annotations
 
