@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from engine.grpo import DEAD_STD
 
 CONFIG_FILE = "workspace.toml"
+#: A workspace's own state (store, models, runs, caches), beside its config and never committed.
+STATE_DIR = ".evotrainer"
 
 
 class _Section(BaseModel):

@@ -16,11 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import engine
-from engine.config import CONFIG_FILE, WorkspaceConfig, load_config
+from engine.config import CONFIG_FILE, STATE_DIR, WorkspaceConfig, load_config
 from engine.domains import make_domain
 from engine.versions import VersionTree
 
-STATE_DIR = ".evotrainer"
 #: "sample" is the math workspace; the others are the same workspace with the `workspace.toml`
 #: of `variants/<name>.toml` (another domain, sized to train on this kind of machine).
 TEMPLATES = ("sample", "code", "swe", "dataset")

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from engine.config import SweDomainConfig
 from engine.domains.base import Episode, Task, ToolCall
 from engine.domains.swe import SweDomain, completion_actions, rubric_score
+from engine.domains.swe import env as swe_env
 from engine.domains.swe.env import replay
 from engine.domains.swe.repos import HIDDEN_TEST_FILE, KINDS, TEST_FILE
 from engine.policy.words import build_word_tokenizer
@@ -124,6 +125,45 @@ def test_test_tool_runs_the_visible_tests_in_the_sandbox() -> None:
     env.step(f"edit {fix.file}: print('result 9 9') => sum(iter(int, 1))")
     stopped = env.step("test")
     assert stopped.observation in ("test: cpu\n>", "test: timeout\n>") and not stopped.call.ok
+
+
+def test_a_report_file_carries_test_runs_to_the_next_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sandboxed: list[str] = []
+    run = swe_env.TestRunner._run
+
+    def counted(files: dict[str, str], test_file: str) -> tuple[swe_env.TestReport, bool]:
+        sandboxed.append(test_file)
+        return run(files, test_file)
+
+    monkeypatch.setattr(swe_env.TestRunner, "_run", staticmethod(counted))
+    task = task_of("op_named")
+    fix = domain().repo(task).fix
+    # Before the fix, after it, then an endless loop the sandbox stops (a run that did not settle).
+    actions = ["test", f"edit {fix}", "test", f"edit {fix.file}: {fix.new} => sum(iter(int, 1))", "test"]
+
+    def observations(reports: Path | None) -> list[str]:
+        # A fresh domain: a fresh in-process cache, as a later version's worker has.
+        env = SweDomain(domain().config, reports).environment(task)
+        seen = []
+        for action in actions:
+            result = env.step(action)
+            if action == "test":
+                seen.append(result.observation)
+        return seen
+
+    path = tmp_path / "cache" / "swe-tests.sqlite"
+    first = observations(path)
+    assert len(sandboxed) == 3 and first[1] == "test: 2 of 2 passed\n>"
+    assert first[2] in ("test: cpu\n>", "test: timeout\n>")
+    sandboxed.clear()
+    # The next process reads the two settled reports from the file; only the stopped run runs again.
+    assert observations(path) == first and len(sandboxed) == 1
+    sandboxed.clear()
+    assert observations(None) == first and len(sandboxed) == 3  # no file: every run is sandboxed
+    # A damaged file is a miss, not a failure.
+    path.write_bytes(b"not a database" * 100)
+    sandboxed.clear()
+    assert observations(path) == first and len(sandboxed) == 3
 
 
 def test_hidden_tests_decide_success_and_submit_ends_the_episode() -> None:

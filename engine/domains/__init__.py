@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from engine.config import DOMAIN_SECTIONS, DomainConfig
+from engine.config import DOMAIN_SECTIONS, STATE_DIR, DomainConfig
 from engine.domains.base import Domain, RewardFn, Task
 
 __all__ = [
@@ -21,6 +21,10 @@ __all__ = [
 ]
 
 Fn = TypeVar("Fn")
+
+#: Where, under a workspace's state, the SWE domain keeps its sandboxed test reports for the
+#: next process (`engine.domains.swe.env.ReportFile`).
+SWE_REPORTS = "cache/swe-tests.sqlite"
 
 
 def reward_component_names(domain: str) -> tuple[str, ...] | None:
@@ -63,7 +67,7 @@ def make_domain(config: DomainConfig, root: Path | None = None) -> Domain:
     if config.name == "swe":
         from engine.domains.swe import SweDomain
 
-        return SweDomain(config)
+        return SweDomain(config, None if root is None else root / STATE_DIR / SWE_REPORTS)
     if config.name == "dataset":
         from engine.domains.dataset import DatasetDomain
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from functools import cached_property, partial
+from pathlib import Path
 
 from engine.config import SweDomainConfig
 from engine.domains import reward_functions
@@ -32,7 +33,7 @@ from engine.domains.base import (
 )
 from engine.domains.judge import ClaudeJudge
 from engine.domains.swe.demos import demonstration_actions
-from engine.domains.swe.env import PROMPT_MARKER, SweEnvironment, TestRunner, replay
+from engine.domains.swe.env import PROMPT_MARKER, ReportFile, SweEnvironment, TestRunner, replay
 from engine.domains.swe.repos import CODE_FILES, KINDS, TEST_FILE, Repo, generate_repo, vocabulary_words
 
 __all__ = ["SweDomain", "completion_actions", "rubric_score"]
@@ -55,7 +56,9 @@ class SweDomain:
     #: The word tokenizer's character fallback (the character tokenizer is too slow here).
     alphabet = "".join(PRINTABLE)
 
-    def __init__(self, config: SweDomainConfig) -> None:
+    def __init__(self, config: SweDomainConfig, reports: Path | None = None) -> None:
+        """`reports`: a file that keeps test reports across processes (`ReportFile`; None: this
+        process's cache alone)."""
         self.config = config
         #: Turns a training episode may take, and an evaluation episode (val, clean, test): the
         #: evaluation's stays the parent's when a recipe raises max_turns (`eval_max_turns`).
@@ -63,7 +66,7 @@ class SweDomain:
         self.eval_turns = config.eval_max_turns or config.max_turns
         #: The most turns any episode may take (`play` runs this many; each environment stops at its own).
         self.max_turns = max(self.train_turns, self.eval_turns)
-        self._tests = TestRunner()
+        self._tests = TestRunner(reports=None if reports is None else ReportFile(reports))
         #: The instruction-following judge: the rubric, or Claude behind a key (`judge = "claude"`).
         self.judge: EpisodeRewardFn = (
             ClaudeJudge(rubric_score, config.judge_model) if config.judge == "claude" else rubric_score

@@ -19,11 +19,16 @@ action's trailing newline is the token the rollout loop stops generation at.
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import secrets
+import sqlite3
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from engine.domains.base import Environment, Episode, StepResult, Task, ToolCall
 from engine.domains.swe.repos import HIDDEN_TEST_FILE, TEST_FILE, Commit, Repo
@@ -117,24 +122,79 @@ class TestReport:
         return self.passed / self.total if self.total else 0.0
 
 
+class ReportFile:
+    """Test reports kept across processes in one SQLite file (a workspace's): a version's worker
+    starts with what the workers before it ran, where the in-process cache starts empty. Keyed
+    by a hash of the runner, its limits, the test file's name and every file's contents. Best
+    effort: an error reading or writing the file is a miss, never a failed test run."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db: sqlite3.Connection | None = None
+        self._pid = 0
+
+    def _connection(self) -> sqlite3.Connection:
+        # A connection never crosses a fork: a forked worker opens its own.
+        if self._db is None or self._pid != os.getpid():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self.path, timeout=10.0, isolation_level=None)
+            # A cache: no fsync a report (a file lost to a crash is a miss), and no WAL side
+            # files, so that copying a workspace between runs copies one consistent file.
+            db.execute("PRAGMA synchronous=OFF")
+            db.execute("CREATE TABLE IF NOT EXISTS reports (key TEXT PRIMARY KEY, passed INT, total INT, detail TEXT)")
+            self._db, self._pid = db, os.getpid()
+        return self._db
+
+    @staticmethod
+    def key(files: dict[str, str], test_file: str) -> str:
+        text = json.dumps([_RUNNER, asdict(TEST_LIMITS), test_file, sorted(files.items())])
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def get(self, key: str) -> TestReport | None:
+        try:
+            query = "SELECT passed, total, detail FROM reports WHERE key = ?"
+            row = self._connection().execute(query, [key]).fetchone()
+        except (sqlite3.Error, OSError):
+            return None
+        return None if row is None else TestReport(row[0], row[1], row[2], ran=True)
+
+    def put(self, key: str, report: TestReport) -> None:
+        try:
+            self._connection().execute(
+                "INSERT OR IGNORE INTO reports VALUES (?, ?, ?, ?)", [key, report.passed, report.total, report.detail]
+            )
+        except (sqlite3.Error, OSError):
+            pass
+
+
 class TestRunner:
     """Runs test files against a repository's files in the sandbox, one sandbox call per run.
 
     Reports are cached by the files' contents: the code is deterministic, and the 8 samples of a
     GRPO group (and the warm-up's passes over the same tasks) often test identical code. Runs the
     sandbox refused or stopped are not cached, so a busy machine's time-out is not remembered.
+    With a `ReportFile`, the reports of runs that ended cleanly are also kept there, for the next
+    process (a later version's evaluation tests much the same edits of the same val tasks).
     """
 
-    def __init__(self, cache_size: int = 65536) -> None:
+    def __init__(self, cache_size: int = 65536, reports: ReportFile | None = None) -> None:
         self._cache: OrderedDict[tuple[tuple[str, str], ...], TestReport] = OrderedDict()
         self._cache_size = cache_size
+        self.reports = reports
 
     def run(self, files: dict[str, str], test_file: str) -> TestReport:
         key = (("", test_file), *sorted(files.items()))
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        report = self._run(files, test_file)
+        reports, stored, report = self.reports, "", None
+        if reports is not None:
+            stored = reports.key(files, test_file)
+            report = reports.get(stored)
+        if report is None:
+            report, settled = self._run(files, test_file)
+            if settled and reports is not None:
+                reports.put(stored, report)
         if report.ran:
             self._cache[key] = report
             if len(self._cache) > self._cache_size:
@@ -142,18 +202,20 @@ class TestRunner:
         return report
 
     @staticmethod
-    def _run(files: dict[str, str], test_file: str) -> TestReport:
+    def _run(files: dict[str, str], test_file: str) -> tuple[TestReport, bool]:
+        """The report, and whether the run ended cleanly (exit 0, no limit hit): only such a
+        report is kept in the report file."""
         nonce = secrets.token_hex(8)
         code = _RUNNER.format(name=test_file, nonce=nonce)
         result = get_sandbox().run_python(code, files=files, limits=TEST_LIMITS)
         lines = [line.split(" ", 2)[1:] for line in result.stdout.splitlines() if line.startswith(nonce + " ")]
         if not lines:
-            return TestReport(0, 0, result.reason or f"exit {result.exit_code}", ran=False)
+            return TestReport(0, 0, result.reason or f"exit {result.exit_code}", ran=False), False
         kind, rest = lines[-1] if len(lines[-1]) == 2 else (lines[-1][0], "")
         if kind == "error":
-            return TestReport(0, 0, "error " + rest.strip(), ran=True)
+            return TestReport(0, 0, "error " + rest.strip(), ran=True), result.ok
         passed, total, *fail = rest.split(" ", 2)
-        return TestReport(int(passed), int(total), fail[0].strip() if fail else "", ran=True)
+        return TestReport(int(passed), int(total), fail[0].strip() if fail else "", ran=True), result.ok
 
 
 class SweEnvironment(Environment):
