@@ -145,10 +145,13 @@ class ReportFile:
             self._db, self._pid = db, os.getpid()
         return self._db
 
-    @staticmethod
-    def key(files: dict[str, str], test_file: str) -> str:
-        text = json.dumps([_RUNNER, asdict(TEST_LIMITS), test_file, sorted(files.items())])
-        return hashlib.sha256(text.encode()).hexdigest()
+    #: The runner and its limits, hashed once: a report is only as valid as the code that made it.
+    _SALT = hashlib.sha256(json.dumps([_RUNNER, asdict(TEST_LIMITS)]).encode()).digest()
+
+    @classmethod
+    def key(cls, files: dict[str, str], test_file: str) -> str:
+        text = json.dumps([test_file, sorted(files.items())])
+        return hashlib.sha256(cls._SALT + text.encode()).hexdigest()
 
     def get(self, key: str) -> TestReport | None:
         try:
@@ -187,14 +190,12 @@ class TestRunner:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        reports, stored, report = self.reports, "", None
-        if reports is not None:
-            stored = reports.key(files, test_file)
-            report = reports.get(stored)
+        stored = self.reports.key(files, test_file) if self.reports else ""
+        report = self.reports.get(stored) if self.reports else None
         if report is None:
             report, settled = self._run(files, test_file)
-            if settled and reports is not None:
-                reports.put(stored, report)
+            if settled and self.reports:
+                self.reports.put(stored, report)
         if report.ran:
             self._cache[key] = report
             if len(self._cache) > self._cache_size:
