@@ -54,9 +54,11 @@ class ScriptedRunner:
     parallel = False
     retries = False
 
-    def __init__(self, quality: Quality, form: Form = demonstrated) -> None:
+    def __init__(self, quality: Quality, form: Form = demonstrated, greedy: Quality | None = None) -> None:
         self.quality = quality
         self.form = form
+        #: The quality of greedy decoding, where it differs from the sampled passes' (`quality`).
+        self.greedy = greedy
 
     def start(self, run_dir: Path) -> Finished:
         spec = RunSpec.load(run_dir)
@@ -67,11 +69,14 @@ class ScriptedRunner:
         events = EventLog(run_dir / EVENTS_FILE)
         events.write("start", total_steps=spec.total_steps)
 
+        greedy = self.greedy(spec.version) if self.greedy is not None else p
+
         def batch(step: int, split: str, decoding: str, tasks: list[Task], samples: int, first: int) -> None:
             out = RolloutBatch(spec.run_id, step, split, decoding)
+            q = greedy if decoding == "greedy" else p
             for g, task in enumerate(tasks):
                 for s in range(samples):
-                    text = self.form(spec.version, domain, task, rng.random() < p)
+                    text = self.form(spec.version, domain, task, rng.random() < q)
                     add_completion(out, domain, weights, task, (text, False, len(text)), g, first + s)
             name = f"{split}-{decoding}-{first}-{step:06d}"
             events.write("rollouts", step=step, split=split, file=write_rollouts(run_dir, name, out), rows=len(out))

@@ -12,11 +12,12 @@ from scipy import stats
 
 from engine import verdict as verdict_module
 from engine.bench.arms import approve_everything
-from engine.coach.interventions import config_changes
+from engine.coach.interventions import CONTROL, config_changes
 from engine.coach.loop import Coach
 from engine.coach.schedule import (
     COMBINE,
     CONTINUE,
+    EXPLOIT,
     POWER,
     POWER_FACTOR,
     Schedule,
@@ -26,7 +27,7 @@ from engine.coach.schedule import (
     segment_label,
 )
 from engine.config import WorkspaceConfig
-from engine.core import Engine
+from engine.core import Engine, version_score, yardsticks
 from engine.runs.spec import RunSpec
 from engine.verdict import Delta, Verdict, paired_bootstrap
 from engine.workspace import Workspace, init_workspace
@@ -176,27 +177,41 @@ class LineageRunner(ScriptedRunner):
     """A version answers correctly with probability 0.3, plus `bonus` for each factor its recipe
     changed from v0's (the steps and the seed are no factor), plus `per_step` for every GRPO step
     its lineage trained with such a factor (a change that pays keeps paying as it trains), minus
-    `drop` once that lineage trained more than `peak` steps."""
+    `drop` once that lineage trained more than `peak` steps. With `steps_pay`, every step its
+    lineage trained pays, a factor or not; `greedy_unchanged` is what greedy decoding adds to a
+    version that changed no factor (the sampled passes decide; greedy is a guardrail)."""
 
-    def __init__(self, bonus: float, per_step: float, peak: int = 10**9, drop: float = 0.0) -> None:
+    def __init__(
+        self,
+        bonus: float,
+        per_step: float,
+        peak: int = 10**9,
+        drop: float = 0.0,
+        steps_pay: bool = False,
+        greedy_unchanged: float = 0.0,
+    ) -> None:
         self.bonus, self.per_step, self.peak, self.drop = bonus, per_step, peak, drop
+        self.steps_pay, self.greedy_unchanged = steps_pay, greedy_unchanged
         self.trained: dict[str, int] = {"v0": 0}
         self.p: dict[str, float] = {}
+        self.g: dict[str, float] = {}
         self.base: WorkspaceConfig | None = None
-        super().__init__(self.p.__getitem__)
+        super().__init__(self.p.__getitem__, greedy=self.g.__getitem__)
 
     def start(self, run_dir: Path) -> Finished:
         spec = RunSpec.load(run_dir)
         if spec.kind == "warmup":
             self.base = spec.config
             self.p["v0"] = 0.3
+            self.g["v0"] = 0.3 + self.greedy_unchanged
         elif spec.kind == "train":
             assert self.base is not None and spec.model_in is not None
             changed = {path.split(".")[1] for path in config_changes(self.base, spec.config)} - {"steps", "seed"}
             self.trained[spec.version] = self.trained[spec.model_in.name] + spec.config.recipe.steps
-            steps = self.trained[spec.version] if changed else 0
+            steps = self.trained[spec.version] if changed or self.steps_pay else 0
             p = 0.3 + self.bonus * len(changed) + self.per_step * steps - (self.drop if steps > self.peak else 0.0)
             self.p[spec.version] = min(0.95, p)
+            self.g[spec.version] = min(0.95, p + (0.0 if changed else self.greedy_unchanged))
         return super().start(run_dir)
 
 
@@ -319,3 +334,50 @@ def test_a_screen_that_promotes_nothing_continues_its_best_branch_provisionally(
     winner = lineage[-1]
     assert versions[winner][0] == "v0" and versions[winner][2] == "pruned", versions
     assert "lineage against v0" in (best.decision_reason or "")
+
+
+def test_a_factor_its_control_did_not_beat_leads_the_lineage_though_the_control_ranks_higher(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every step pays (+0.02 sampled), the factor adds nothing on top, and greedy decoding of an
+    unchanged recipe is 0.1 better: the screen promotes the control and the factor, tied on the
+    primary, and the control ranks higher on greedy and sampled together. The control measured
+    the factor (it did not beat it), so it is a yardstick: the lineage goes on from the factor,
+    which trained the control's steps too, and the answer is in the factor's lineage."""
+    runner = LineageRunner(bonus=0.0, per_step=0.02, steps_pay=True, greedy_unchanged=0.1)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=48)
+        versions = tree(engine)
+        best = engine.best_version()
+        screen = {v: template for v, (parent, template, *_) in versions.items() if parent == "v0"}
+        control = next(v for v, template in screen.items() if template == CONTROL)
+        factor = next(v for v, template in screen.items() if template not in (CONTROL, *EXPLOIT))
+        records = {v.name: v for v in engine.store.list_versions()}
+        vs_control = engine.store.query_one("SELECT vs_control FROM cases WHERE id = ?", [factor])
+        assert yardsticks(engine.store) == {control}
+    assert versions[control][2] == versions[factor][2] == "promoted", versions
+    assert vs_control is not None and vs_control[0] != "regressed"
+    # What the rule changes: ranked on greedy and sampled alone, the control would lead.
+    score = {v: version_score(records[v].val_greedy, records[v].val_sampled) for v in (control, factor)}
+    assert score[control] > score[factor], score  # type: ignore[operator]
+    continued = [v for v, (_, template, *_) in versions.items() if template == CONTINUE]
+    assert continued and versions[continued[0]][0] == factor, versions
+    assert best is not None and factor in lineage_of(versions, best.name), versions
+
+
+def test_a_control_that_beat_its_factor_stays_a_candidate(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The factor costs 0.1 against the steps alone: promoted against v0, beaten by the control,
+    which the lineage goes on from."""
+    runner = LineageRunner(bonus=-0.1, per_step=0.02, steps_pay=True)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=32)
+        versions = tree(engine)
+        beaten = engine.store.query("SELECT id FROM cases WHERE vs_control = 'regressed'")
+        assert yardsticks(engine.store) == set()
+    assert beaten and versions[beaten[0][0]][2] == "promoted", versions
+    continued = [v for v, (_, template, *_) in versions.items() if template == CONTINUE]
+    assert continued and versions[versions[continued[0]][0]][1] == CONTROL, versions

@@ -37,7 +37,7 @@ from engine.coach.loop import Coach, CoachEvent
 from engine.coach.memory import Memory
 from engine.coach.skills import SkillLibrary
 from engine.config import GroupFilterConfig
-from engine.core import Engine, Judge, RunUpdate, best_version
+from engine.core import Engine, Judge, RunUpdate, best_version, yardsticks
 from engine.domains import make_domain
 from engine.harness.backtest import filter_backtest, reward_backtest, store_backtest, validate_analyzer
 from engine.harness.health import build_report
@@ -180,7 +180,7 @@ class Service:
             "waiting": self.job.waiting.id if self.job.waiting else None,
             "last_result": self.job.last_result,
             "pending_gates": [g["id"] for g in queries.gates(self.store)],
-            "best": best.name if (best := best_version(self.store.list_versions())) else None,
+            "best": best.name if (best := best_version(self.store.list_versions(), yardsticks(self.store))) else None,
             "runs": queries.runs(self.store)[-5:],
         }
 

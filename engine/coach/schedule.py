@@ -20,7 +20,9 @@ each round is one of two kinds:
   sized from power like a screen. The last segment takes what is left when less than another
   would remain.
 
-A screen's winner is its promoted branch (the head the next round branches from). When a screen
+A screen's winner is its promoted branch (the head the next round branches from; of several,
+the best by val, where a promoted control is no candidate when a promoted factor branch beside it
+was not found worse than it: `engine.core.reading.yardsticks`). When a screen
 promoted nothing, its best branch by point estimate (above its parent and the control, inside the
 floor: neither regressed, nor mixed, a guardrail's harm, nor rejected) is continued
 *provisionally*: its gain was inside the floor after a short screen, and the continuation is

@@ -24,7 +24,7 @@ from engine.core.creation import BASE, VERSION_FILE, VersionPlan, create_version
 from engine.core.deciding import Decisions
 from engine.core.following import UNFINISHED, ProgressFn, RunFailed, RunFollower, RunUpdate
 from engine.core.judging import Judge
-from engine.core.reading import Reader, best_version, version_score
+from engine.core.reading import Reader, best_version, version_score, yardsticks
 from engine.core.recovery import recover
 from engine.core.training import Training
 from engine.harness.diagnose import Diagnosis
@@ -48,6 +48,7 @@ __all__ = [
     "VersionPlan",
     "best_version",
     "version_score",
+    "yardsticks",
 ]
 
 

@@ -38,7 +38,7 @@ class Reader:
         return f"v{n}"
 
     def best_version(self) -> VersionRecord | None:
-        return best_version(self.store.list_versions())
+        return best_version(self.store.list_versions(), yardsticks(self.store))
 
     # -- runs -----------------------------------------------------------------------------------
     def eval_run(self, version: str) -> RunRecord | None:
@@ -103,13 +103,28 @@ def version_score(greedy: float | None, sampled: float | None) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def best_version(versions: Iterable[VersionRecord]) -> VersionRecord | None:
+def yardsticks(store: Store) -> set[str]:
+    """Promoted controls that a promoted factor branch beside them was not found worse than (its
+    comparison with the control on val not `regressed`). Such a factor trained the control's steps
+    too, from the same parent, plus its own change, which the diagnosis proposed and the control
+    did not beat: the control measured it, and the lineage goes on from the factor."""
+    rows = store.query(
+        """SELECT DISTINCT c.control FROM cases c
+           JOIN versions f ON f.name = c.id JOIN versions k ON k.name = c.control
+           WHERE f.state = 'promoted' AND k.state = 'promoted' AND c.retracted IS NULL
+             AND c.vs_control IS NOT NULL AND c.vs_control <> 'regressed'"""
+    )
+    return {name for (name,) in rows}
+
+
+def best_version(versions: Iterable[VersionRecord], yardsticks: Iterable[str] = ()) -> VersionRecord | None:
     """The version the coach branches from: of the promoted versions that no promoted child has
     superseded (a promoted child beat its parent on evidence, on common ground even when it
-    changed the environment its own val is scored in), the one with the highest `version_score`
-    (ties: the older version)."""
+    changed the environment its own val is scored in), nor a promoted factor branch beside it
+    (`yardsticks`: a control whose factor it did not beat), the one with the highest
+    `version_score` (ties: the older version)."""
     versions = list(versions)
-    superseded = {v.parent for v in versions if v.state == "promoted" and v.parent is not None}
+    superseded = {v.parent for v in versions if v.state == "promoted" and v.parent is not None} | set(yardsticks)
     promoted = [v for v in versions if v.state == "promoted" and v.name not in superseded]
 
     def rank(v: VersionRecord) -> tuple[float, int]:
