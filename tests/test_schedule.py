@@ -345,9 +345,9 @@ def test_a_factor_its_control_did_not_beat_leads_the_lineage_though_the_control_
     the factor (it did not beat it), so it is a yardstick: the lineage goes on from the factor,
     which trained the control's steps too, and the answer is in the factor's lineage."""
     runner = LineageRunner(bonus=0.0, per_step=0.02, steps_pay=True, greedy_unchanged=0.1)
-    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=400)
     with Engine(ws) as engine:
-        Coach(engine, answer=approve_everything).run(20, steps=48)
+        Coach(engine, answer=approve_everything).run(20, steps=32)
         versions = tree(engine)
         best = engine.best_version()
         screen = {v: template for v, (parent, template, *_) in versions.items() if parent == "v0"}
@@ -372,7 +372,7 @@ def test_a_control_that_beat_its_factor_stays_a_candidate(
     """The factor costs 0.1 against the steps alone: promoted against v0, beaten by the control,
     which the lineage goes on from."""
     runner = LineageRunner(bonus=-0.1, per_step=0.02, steps_pay=True)
-    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000)
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=400)
     with Engine(ws) as engine:
         Coach(engine, answer=approve_everything).run(20, steps=32)
         versions = tree(engine)

@@ -106,8 +106,8 @@ def version_score(greedy: float | None, sampled: float | None) -> float | None:
 def yardsticks(store: Store) -> set[str]:
     """Promoted controls that a promoted factor branch beside them was not found worse than (its
     comparison with the control on val not `regressed`). Such a factor trained the control's steps
-    too, from the same parent, plus its own change, which the diagnosis proposed and the control
-    did not beat: the control measured it, and the lineage goes on from the factor."""
+    too, from the same parent, plus its own change, which the control did not beat: the control
+    measured it, and the lineage goes on from the factor."""
     rows = store.query(
         """SELECT DISTINCT c.control FROM cases c
            JOIN versions f ON f.name = c.id JOIN versions k ON k.name = c.control
