@@ -9,10 +9,10 @@ trains its hand arm (`engine.bench.arms`: the seed's clone, leak switch, val and
 - each factor alone;
 - **hand**: all of them, the hand recipe itself.
 
-Each is scored as the report scores an arm: clean val (what the arms' verdicts read, without the
-leak) and test, with paired 95% intervals on test against the control and against the hand
-recipe. Run it on a seed the committed reports do not use (they use 7-9): it explains a recipe,
-it must not become one more look at the reports' test tasks.
+Each is scored as the report scores an arm: on val played clean (without the leak) and on test,
+with paired 95% intervals on test against v0, the control and the hand recipe.
+Run it on a seed the committed reports do not use (they use 7-9): it explains a recipe, it must
+not become one more look at the reports' test tasks.
 
     .venv/bin/python benchmarks/hand_ablation.py WS --seed 3
 """
@@ -110,15 +110,15 @@ def main(argv: list[str] | None = None) -> int:
 
     steps = settings.budget_steps
     table = Table(title=f"{ws.root.name}, seed {args.seed}: the hand recipe's factors, {steps} steps each from v0")
-    for column in ("variant", "changes", "clean val sampled", "test sampled", "vs control (test)", "vs hand (test)",
-                   "CPU s"):  # fmt: skip
+    for column in ("variant", "changes", "clean val sampled", "test sampled", "vs v0 (test)", "vs control (test)",
+                   "vs hand (test)", "CPU s"):  # fmt: skip
         table.add_column(column, justify="left" if column in ("variant", "changes") else "right")
     for name, r in results.items():
         chosen = variants.get(name, {})
         changes = ", ".join(f"{k}={v}" for k, v in chosen.items()) or ("-" if name == "v0" else "(none)")
         val = "-" if r.clean_sampled is None else f"{r.clean_sampled:.3f} ±{r.clean_halfwidth or 0:.3f}"
-        table.add_row(name, changes, val, f"{r.test_sampled:.3f}", paired(name, "control"), paired(name, "hand"),
-                      f"{r.cpu_seconds:.0f}")  # fmt: skip
+        table.add_row(name, changes, val, f"{r.test_sampled:.3f}", paired(name, "v0"), paired(name, "control"),
+                      paired(name, "hand"), f"{r.cpu_seconds:.0f}")  # fmt: skip
     console.print(table)
     say(f"clones under {root}")
     return 0
