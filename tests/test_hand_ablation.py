@@ -55,3 +55,20 @@ def test_a_reward_the_hand_recipe_drops_is_a_change_to_zero(ablation: ModuleType
     assert ablation.hand_factors(recipe, hand) == {"rewards.format": 0.0, "rewards.pass_fraction": 0.5}
     dropped = ablation.variant_recipe(recipe, {"rewards.format": 0.0})
     assert dropped == {"rewards": {"correctness": 1.0, "format": 0.0}}
+
+
+def test_pooling_averages_each_task_over_the_seeds_that_all_scored_it(ablation: ModuleType) -> None:
+    seeds = [{"a": 1.0, "b": 0.0, "c": 0.5}, {"a": 0.0, "b": 1.0}, {"a": 0.5, "b": 0.5, "d": 1.0}]
+    pooled = ablation.pooled_per_task(seeds)
+    assert set(pooled) == {"a", "b"}  # c and d were not scored on every seed
+    assert pooled["a"] == pytest.approx(sum(s["a"] for s in seeds) / 3)
+    assert pooled["b"] == pytest.approx(sum(s["b"] for s in seeds) / 3)
+
+
+def test_the_paired_text_reads_the_difference_and_an_interval_around_it(ablation: ModuleType) -> None:
+    parent = {f"t{i}": float(i % 2) for i in range(200)}
+    better = {task: min(1.0, value + 0.5) for task, value in parent.items()}
+    text = ablation.paired_text(parent, better)
+    mean, low, high = (float(x) for x in text.replace("[", "").replace("]", "").replace(",", "").split())
+    assert mean == pytest.approx(0.25) and low <= mean <= high and low > 0
+    assert ablation.paired_text(parent, parent) == "+0.000 [+0.000, +0.000]"
