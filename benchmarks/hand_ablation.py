@@ -72,13 +72,11 @@ def pooled_per_task(per_seed: list[dict[str, float]]) -> dict[str, float]:
 
 def paired_text(parent: dict[str, float], child: dict[str, float]) -> str:
     """``+0.031 [-0.009, +0.075]``: the mean per-task difference over the tasks both scored, and
-    the verdicts' paired bootstrap 95% interval."""
-    from engine.verdict import paired_bootstrap
+    its paired bootstrap 95% interval, as the benchmark's report computes them."""
+    from engine.bench.report import paired
 
-    tasks = sorted(parent.keys() & child.keys())
-    x, y = np.array([parent[t] for t in tasks]), np.array([child[t] for t in tasks])
-    low, high = paired_bootstrap(x, y)
-    return f"{(y - x).mean():+.3f} [{low:+.3f}, {high:+.3f}]"
+    d = paired(child, parent)
+    return "no common task" if d is None else f"{d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]"
 
 
 def _mean(values: list[float | None]) -> str:
