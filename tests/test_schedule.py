@@ -381,3 +381,57 @@ def test_a_control_that_beat_its_factor_stays_a_candidate(
     assert beaten and versions[beaten[0][0]][2] == "promoted", versions
     continued = [v for v, (_, template, *_) in versions.items() if template == CONTINUE]
     assert continued and versions[versions[continued[0]][0]][1] == CONTROL, versions
+
+
+def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes_on_to_the_budgets_end(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Versions of 10 steps and a budget of 30: half the budget fits one branch, the control (a
+    lone factor would be judged against v0 alone). Every step pays +0.001 and no factor adds
+    anything: 10 steps are inside the floor of 1000 val tasks, so the control is pruned and
+    continued provisionally, and each continuation goes on while it adds by point estimate, until
+    the budget ends. The answer's lineage carries every step and is v0's answer only when its
+    whole gain is inside the floor."""
+    runner = LineageRunner(bonus=0.0, per_step=0.001, steps_pay=True)
+    ws = init_workspace(tmp_path / "ws")
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
+    ws.config_path.write_text(tiny_toml(sample_toml, val_size=1000, sampled_seeds=4, grpo_steps=10))
+    commit_workspace_toml(ws, "scripted runs")
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=30)
+        versions = tree(engine)
+        best = engine.best_version()
+        records = {v.name: v for v in engine.store.list_versions()}
+    screen = [v for v, (parent, *_) in versions.items() if parent == "v0"]
+    assert [versions[v][1] for v in screen] == [CONTROL], versions
+    assert sum(steps for *_, steps in versions.values()) == 30
+    last = max(versions, key=lambda v: int(v[1:]))
+    chain = lineage_of(versions, last)
+    assert set(chain) == set(versions) - {"v0"}, versions  # one lineage: nothing else was trained
+    assert all(versions[v][1] == CONTINUE for v in chain[:-1]), versions
+    # The control and at least one continuation were inside the floor by themselves, yet continued.
+    pruned = [v for v in chain[1:] if versions[v][2] == "pruned"]
+    assert pruned and all((records[v].verdict_delta or 0.0) > 0 for v in pruned), versions
+    assert best is not None and (best.name == "v0" or best.name in chain), versions
+
+
+def test_a_lineage_stops_when_a_segment_adds_nothing(
+    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control's first 10 steps gain +0.005 (inside the floor: continued provisionally); past
+    10 steps its lineage gives back 0.015, inside the floor too. That segment added nothing by
+    point estimate: it is not continued, and the steps left go to a screen from v0."""
+    runner = LineageRunner(bonus=0.0, per_step=0.0005, steps_pay=True, peak=10, drop=0.015)
+    ws = init_workspace(tmp_path / "ws")
+    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
+    ws.config_path.write_text(tiny_toml(sample_toml, val_size=1000, sampled_seeds=8, grpo_steps=10))
+    commit_workspace_toml(ws, "scripted runs")
+    with Engine(ws) as engine:
+        Coach(engine, answer=approve_everything).run(20, steps=30)
+        versions = tree(engine)
+        records = {v.name: v for v in engine.store.list_versions()}
+    assert versions["v1"][:3] == ("v0", CONTROL, "pruned"), versions
+    assert versions["v2"][:3] == ("v1", CONTINUE, "pruned"), versions
+    assert records["v2"].verdict == "insufficient evidence" and (records["v2"].verdict_delta or 0.0) <= 0
+    assert not any(parent == "v2" for parent, *_ in versions.values()), versions
+    assert versions["v3"][0] == "v0" and versions["v3"][1] not in (CONTROL, *EXPLOIT), versions

@@ -45,10 +45,13 @@ class Designer:
                     # The control comes on top of the round's factors when there is room for both.
                     # A screen of a step budget has room for `plan.branches`, the control first.
                     room = min(remaining, plan.branches) if plan is not None else remaining
-                    with_control = self.needs_control(rnd.parent, room)
+                    with_control = self.needs_control(rnd.parent, room, screen=plan is not None)
                     branches = min(self.ctx.config.coach.branches, room - with_control)
-                    proposals = self.planner.propose(rnd, diagnosis, branches, scheduled=plan is not None)
-                    ranking = proposals.ranking
+                    if branches > 0:
+                        proposals = self.planner.propose(rnd, diagnosis, branches, scheduled=plan is not None)
+                        ranking = proposals.ranking
+                    else:
+                        proposals = Proposals([], f"a screen with room for one branch, from {rnd.parent}", "schedule")
                     if with_control:
                         steps = plan.steps if plan else self.ctx.engine.version_config(rnd.parent).recipe.steps
                         proposals.interventions.insert(0, control(steps))
@@ -84,10 +87,15 @@ class Designer:
             why = f"exploit {plan.parent}, {kind}: continued {plan.steps} steps, sized by {plan.how}"
         return Proposals([iv], why, "schedule")
 
-    def needs_control(self, parent: str, remaining: int) -> bool:
+    def needs_control(self, parent: str, remaining: int, screen: bool = False) -> bool:
         """A round with room for two versions runs the control beside its factors, unless this
-        parent already has one."""
-        return self.ctx.config.coach.control and remaining >= 2 and self.ctx.control(parent) is None
+        parent already has one. A step budget's `screen` runs it even when it has room for one
+        branch: a lone factor is judged against its parent alone, so what its steps did would be
+        credited to (or blamed on) the factor, while the control measures what a step of the
+        parent's recipe gains, the yardstick later factors are credited against and the gain per
+        step later versions are sized from."""
+        least = 1 if screen else 2
+        return self.ctx.config.coach.control and remaining >= least and self.ctx.control(parent) is None
 
     def backtest(self, rnd: Round, diagnosis: Diagnosis | None) -> Round:
         """Price reward and filter branches on the train rollouts the round reasons from (after

@@ -10,8 +10,9 @@ each round is one of two kinds:
   per step is known from there on), else the recipe's own `steps`; either way a screen spends at
   most half the steps left, so that its winner can be trained on with the other half (successive
   halving's equal split between its two stages): as many branches of that length as fit there,
-  the control first where two fit, and one at least (cut to half the steps left if even one does
-  not fit), since a shorter branch shows less whatever the number of branches.
+  the control first (alone where one fits: a lone factor, judged against its parent only, would be
+  credited with what its steps did), and one at least (cut to half the steps left if even one
+  does not fit), since a shorter branch shows less whatever the number of branches.
 - an **exploit** round: one branch, from a version a screen found: the head *continued* (its
   recipe unchanged, resuming its training state, so a lineage trained in segments is one long
   run), or first, when other factors beat the same control, the head with those factors
@@ -23,10 +24,13 @@ each round is one of two kinds:
 A screen's winner is its promoted branch (the head the next round branches from; of several,
 the best by val, where a promoted control is no candidate when a promoted factor branch beside it
 was not found worse than it: `engine.core.reading.yardsticks`). When a screen
-promoted nothing, its best branch by point estimate (above its parent and the control, inside the
-floor: neither regressed, nor mixed, a guardrail's harm, nor rejected) is continued
-*provisionally*: its gain was inside the floor after a short screen, and the continuation is
-judged on the lineage's whole gain.
+promoted nothing, its best branch by point estimate (above its parent, and a factor above the
+control too; inside the floor: neither regressed, nor mixed, a guardrail's harm, nor rejected) is
+continued *provisionally*: its gain was inside the floor after a short screen, and the
+continuation is judged on the lineage's whole gain. So is a continuation the lineage did not yet
+promote (pruned) while it still adds to it by point estimate: a lineage stops when a segment adds
+nothing, is regressed, mixed or rejected, or the budget ends, not when an increment is inside the
+floor.
 
 **Judging a segment** (`segment_label`): a lineage must not throw away real gains one increment
 at a time, nor collect small losses one increment at a time. A continuation or combination is
@@ -188,10 +192,35 @@ class Schedule:
         )
         if best in versions and versions[best].parent is not None and not stalled:
             return self._exploit(best, steps_left, provisional=False)
+        going = self._going(best)
+        if going is not None:
+            return self._exploit(going, steps_left, provisional=True)
         provisional = self._provisional_winner(best)
         if provisional is not None:
             return self._exploit(provisional, steps_left, provisional=True)
         return self._screen(best, steps_left, screen_branches, default_steps)
+
+    def _going(self, best: str) -> str | None:
+        """The continuation the latest round trained, when it continues a lineage through `best` and
+        added to it by point estimate though the lineage did not clear the floor (pruned, its own
+        verdict neither regressed nor mixed, its gain over its parent above 0): the survivor goes on
+        until the budget ends or a segment adds nothing, and its lineage's whole gain decides."""
+        versions, templates, rounds = self._versions(), self._templates(), self._round_of()
+        latest = max((r for r in rounds.values() if r is not None), default=None)
+        last = [v for v in versions.values() if latest is not None and rounds[v.name] == latest]
+        if len(last) != 1 or templates.get(last[0].name) != CONTINUE:
+            return None
+        segment = last[0]
+        if (
+            segment.state != "pruned"
+            or segment.verdict not in ("insufficient evidence", "improved")
+            or not (segment.verdict_delta or 0.0) > 0.0
+        ):
+            return None
+        lineage = self.lineage(segment.name)
+        if lineage is None or best not in (lineage.start, lineage.winner, *lineage.segments):
+            return None
+        return segment.name
 
     def _provisional_winner(self, best: str) -> str | None:
         """The best branch of the latest screen from `best` when that screen promoted nothing and
@@ -210,6 +239,7 @@ class Schedule:
         if any(v.parent == b.name for v in versions.values() for b in branches):
             return None  # one of them was continued already
         control = next((v for v in branches if templates.get(v.name) == CONTROL), None)
+        # A factor must beat the control's gain too; the control, its parent only.
         bar = max(0.0, control.verdict_delta or 0.0) if control is not None else 0.0
         candidates = [
             v
@@ -217,8 +247,7 @@ class Schedule:
             if v.state == "pruned"
             and v.verdict == "insufficient evidence"  # mixed: a declared guardrail says it harms
             and v.verdict_delta is not None
-            and v.verdict_delta > bar
-            and (v is control or control is None or v.verdict_delta > (control.verdict_delta or 0.0))
+            and v.verdict_delta > (0.0 if v is control else bar)
         ]
         return max(candidates, key=lambda v: (v.verdict_delta or 0.0, -int(v.name[1:]))).name if candidates else None
 
