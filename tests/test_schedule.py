@@ -216,11 +216,18 @@ class LineageRunner(ScriptedRunner):
 
 
 def scripted(
-    tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch, runner: LineageRunner, val: int
+    tmp_path: Path,
+    sample_toml: str,
+    monkeypatch: pytest.MonkeyPatch,
+    runner: LineageRunner,
+    val: int,
+    passes: int = 4,
+    steps: int = 8,
 ) -> Workspace:
+    """A workspace whose runs `runner` scripts: `val` tasks, `passes` sampled passes, versions of `steps`."""
     monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
     ws = init_workspace(tmp_path / "ws")
-    ws.config_path.write_text(tiny_toml(sample_toml, val_size=val, sampled_seeds=4, grpo_steps=8))
+    ws.config_path.write_text(tiny_toml(sample_toml, val_size=val, sampled_seeds=passes, grpo_steps=steps))
     commit_workspace_toml(ws, "scripted runs")
     return ws
 
@@ -393,10 +400,7 @@ def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes
     the budget ends. The answer's lineage carries every step and is v0's answer only when its
     whole gain is inside the floor."""
     runner = LineageRunner(bonus=0.0, per_step=0.001, steps_pay=True)
-    ws = init_workspace(tmp_path / "ws")
-    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
-    ws.config_path.write_text(tiny_toml(sample_toml, val_size=1000, sampled_seeds=4, grpo_steps=10))
-    commit_workspace_toml(ws, "scripted runs")
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000, steps=10)
     with Engine(ws) as engine:
         Coach(engine, answer=approve_everything).run(20, steps=30)
         versions = tree(engine)
@@ -413,6 +417,8 @@ def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes
     pruned = [v for v in chain[1:] if versions[v][2] == "pruned"]
     assert pruned and all((records[v].verdict_delta or 0.0) > 0 for v in pruned), versions
     assert best is not None and (best.name == "v0" or best.name in chain), versions
+    # The last segment was decided on the lineage's whole gain against v0, not on its own increment.
+    assert "lineage against v0" in (records[last].decision_reason or ""), records[last].decision_reason
 
 
 def test_a_lineage_stops_when_a_segment_adds_nothing(
@@ -422,10 +428,7 @@ def test_a_lineage_stops_when_a_segment_adds_nothing(
     10 steps its lineage gives back 0.015, inside the floor too. That segment added nothing by
     point estimate: it is not continued, and the steps left go to a screen from v0."""
     runner = LineageRunner(bonus=0.0, per_step=0.0005, steps_pay=True, peak=10, drop=0.015)
-    ws = init_workspace(tmp_path / "ws")
-    monkeypatch.setattr("engine.core.make_runner", lambda compute: runner)
-    ws.config_path.write_text(tiny_toml(sample_toml, val_size=1000, sampled_seeds=8, grpo_steps=10))
-    commit_workspace_toml(ws, "scripted runs")
+    ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000, passes=8, steps=10)
     with Engine(ws) as engine:
         Coach(engine, answer=approve_everything).run(20, steps=30)
         versions = tree(engine)
