@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine.harness.analyzers.shift import share_shift
-from engine.harness.cutoffs import FLOOR_ALPHA, share_floor
+from engine.harness.analyzers.shift import ratio_shift, share_shift
+from engine.harness.cutoffs import FLOOR_ALPHA, log_noise_floor, share_floor
 from engine.harness.diagnose import Diagnosis
 from engine.store import Store
 from tests.harness_data import Rollout, RunBuilder, call, fired, severity, value
@@ -613,3 +613,69 @@ def test_a_share_floor_is_never_below_its_sampling_noise() -> None:
     # The least floor is the binomial one, whatever the ranges say.
     shift = share_shift("s", [1.0, 1.0], [0.99, 0.99], (400, 400))
     assert shift is not None and shift.floor == pytest.approx(share_floor(0.995, 400, 400)) and not shift.counts
+
+
+def _piled_lengths(rng: np.random.Generator, passes: int, scale: float = 1.0, n: int = 400) -> np.ndarray:
+    """Episode lengths as a multi-turn domain writes them: spread below a cap, a fifth of them piled
+    on a few lengths at it, so a pass's 90th percentile often lands on the same few values."""
+    spread = np.clip(rng.normal(120, 60, (passes, n)), 10, 199).round()
+    piled = rng.choice([200, 201, 202, 203, 204], size=(passes, n), p=[0.4, 0.25, 0.15, 0.1, 0.1])
+    return np.where(rng.random((passes, n)) < 0.2, piled, spread) * scale
+
+
+def test_a_ratio_floor_is_never_below_its_sampling_noise() -> None:
+    """Two passes a side of the same policy, lengths piled at a cap: the passes' 90th percentiles
+    often agree, the range-only floor is then near 0, and noise counts as a shift several times
+    more often than the stated rate. With each side's sampling noise (here a bootstrap over its
+    answers, an oracle independent of the analyzer's order-statistic estimate) the floor keeps to
+    that rate, and a real 5% move still counts nearly always."""
+    rng = np.random.default_rng(0)
+
+    def log_p90_se(lengths: np.ndarray) -> float:
+        resampled = lengths[rng.integers(0, len(lengths), (100, len(lengths)))]
+        return float(np.std(np.log(np.quantile(resampled, 0.9, axis=1))))
+
+    def alarms(scale: float, draws: int, noisy: bool) -> float:
+        counted = 0
+        for _ in range(draws):
+            child, parent = _piled_lengths(rng, 2, scale), _piled_lengths(rng, 2)
+            noise = (log_p90_se(child.ravel()), log_p90_se(parent.ravel())) if noisy else None
+            shift = ratio_shift("length_p90", list(np.quantile(child, 0.9, axis=1)),
+                                list(np.quantile(parent, 0.9, axis=1)), noise=noise)  # fmt: skip
+            counted += shift is not None and shift.beyond_floor
+        return counted / draws
+
+    draws = 1000
+    assert alarms(1.0, draws, noisy=False) > 2 * FLOOR_ALPHA
+    assert alarms(1.0, draws, noisy=True) <= FLOOR_ALPHA + 3 * np.sqrt(FLOOR_ALPHA / draws)
+    assert alarms(1.05, 200, noisy=True) > 0.9
+    # The least floor is the noise's, whatever the ranges say.
+    shift = ratio_shift("length", [100.0, 100.0], [101.0, 101.0], noise=(0.01, 0.01))
+    assert shift is not None and shift.floor == pytest.approx(log_noise_floor(0.01, 0.01)) and not shift.beyond_floor
+
+
+def test_a_90th_percentile_inside_its_sampling_noise_is_no_form_shift(store: Store, tmp_path: Path) -> None:
+    """Through the analyzer: a child and a parent of the same policy whose passes' 90th
+    percentiles differ while each side's agree (the range-only floor counts the move, as it did on
+    an SWE seed's control continued 20 steps: 202.05 -> 203.00, floor 1.00x); the floor from the
+    answers themselves does not. Lengths 10% longer are still a shift."""
+    rng = np.random.default_rng(3)
+    for _ in range(200):  # the first draw whose move the range-only floor would count
+        child, parent = _piled_lengths(rng, 2), _piled_lengths(rng, 2)
+        ranged = ratio_shift("p90", list(np.quantile(child, 0.9, axis=1)), list(np.quantile(parent, 0.9, axis=1)))
+        if ranged is not None and ranged.beyond_floor:
+            break
+    else:
+        pytest.fail("no draw the range-only floor counts")
+
+    def rows(lengths: np.ndarray) -> list[list[tuple[str, float]]]:
+        return [[("x" * int(n), float(i % 2)) for i, n in enumerate(one)] for one in lengths]
+
+    d = evaluations(store, {"v0": rows(parent), "v1": rows(child)}, {"v0": 0.5, "v1": 0.6})
+    p90 = next(f for f in d.findings if f.metric == "version.shift.length_p90")
+    assert p90.value == pytest.approx(ranged.value)  # the same move the range-only floor counted
+    assert p90.threshold is not None and abs(np.log(p90.value)) < np.log(p90.threshold), p90.explanation
+    assert p90.severity == "info"
+    with Store(tmp_path / "longer.duckdb") as other:
+        longer = evaluations(other, {"v0": rows(parent), "v1": rows(child * 1.1)}, {"v0": 0.5, "v1": 0.6})
+    assert shifts(longer)["length_p90"][1] == "warning", shifts(longer)

@@ -2,7 +2,8 @@
 
 None of them is a constant fitted to a test domain. Each is either a stated test at a stated level
 (the paired bootstrap the verdict uses, 95%) or a multiple of the parent's own pass-to-pass spread
-(the same policy, sampled again), with the multiple derived from a stated false-alarm rate. The
+(the same policy, sampled again), with the multiple derived from a stated false-alarm rate, never
+below the sampling noise of what it measures at that rate (`share_floor`, `log_noise_floor`). The
 principle of each is written beside it; `evotui report` and the docs quote them from here.
 """
 
@@ -68,6 +69,17 @@ def share_floor(share: float, *rows: int) -> float:
     p = (share * n + 0.5) / (n + 1)
     z = NormalDist().inv_cdf(1 - FLOOR_ALPHA / 2)
     return z * math.sqrt(p * (1 - p) * sum(1 / r for r in rows))
+
+
+def log_noise_floor(*log_ses: float) -> float:
+    """The least floor of a ratio feature's shift, in log units: its sampling noise alone. Two
+    policies alike, each side's log mean (or log quantile) read with standard error `log_ses`,
+    differ by more than this with probability FLOOR_ALPHA (normal approximation). Principle: the
+    same false-alarm rate as `floor_multiplier` and `share_floor`; passes that happen to agree (a
+    90th percentile that lands on the same pile of answers in every pass) are no evidence that the
+    noise is 0, so a pass-to-pass range alone never makes every move real."""
+    z = NormalDist().inv_cdf(1 - FLOOR_ALPHA / 2)
+    return z * math.sqrt(sum(se * se for se in log_ses))
 
 
 @dataclass(frozen=True)

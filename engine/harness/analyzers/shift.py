@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.harness.base import Context, Finding, analyzer
-from engine.harness.cutoffs import MIN_CORRECT, floor_multiplier, share_floor
+from engine.harness.cutoffs import MIN_CORRECT, floor_multiplier, log_noise_floor, share_floor
 
 #: The features compared as a ratio of means (the others are shares or distances).
 RATIO_FEATURES = frozenset({"length", "length_p90", "correct_length", "answer_spans"})
@@ -123,16 +123,27 @@ def _num(x: float, sign: str = "") -> str:
     return f"{x:{sign}.2f}" if x == 0 or abs(x) >= 0.01 else f"{x:{sign}.2g}"
 
 
-def ratio_shift(feature: str, child: Sequence[float], parent: Sequence[float], smooth: float = 0.0) -> Shift | None:
+def ratio_shift(
+    feature: str,
+    child: Sequence[float],
+    parent: Sequence[float],
+    smooth: float = 0.0,
+    noise: tuple[float, float] | None = None,
+) -> Shift | None:
     """Means per sampled pass of the child and the parent -> the ratio of their means, with the
-    larger pass-to-pass range of the two (in log ratio, times `floor_multiplier`) as its floor."""
+    larger pass-to-pass range of the two (in log ratio, times `floor_multiplier`) as its floor;
+    with `noise` (each side's standard error of the log statistic, over all its answers) never
+    below that sampling noise (`log_noise_floor`)."""
     if not child or not parent:
         return None
     c, p = sum(child) / len(child) + smooth, sum(parent) / len(parent) + smooth
     if c <= 0 or p <= 0:
         return None
     logs = [[math.log(x + smooth) for x in side if x + smooth > 0] for side in (parent, child)]
-    return Shift(feature, "ratio", c / p, _floor(*logs), p - smooth, c - smooth)
+    floor = _floor(*logs)
+    if floor is not None and noise is not None:
+        floor = max(floor, log_noise_floor(*noise))
+    return Shift(feature, "ratio", c / p, floor, p - smooth, c - smooth)
 
 
 def share_shift(
@@ -217,20 +228,57 @@ def form_vs_parent(ctx: Context) -> list[Finding]:
         {"parent": parent},
     )
     refs = reference if enough and reference else (None,) * 4
+    noise = _sampling_noise(ctx, texts, parent)
     candidates: list[Shift | None] = [
-        _toward(ratio_shift("length", column(child, 0), column(theirs, 0)), refs[0]),
-        _toward(ratio_shift("length_p90", column(child, 1), column(theirs, 1)), refs[1]),
+        _toward(ratio_shift("length", column(child, 0), column(theirs, 0), noise=noise["length"]), refs[0]),
+        _toward(ratio_shift("length_p90", column(child, 1), column(theirs, 1), noise=noise["length_p90"]), refs[1]),
         _toward(share_shift("distinct", column(child, 4), column(theirs, 4), rows(7)), refs[2]),
         _toward(share_shift("format", column(child, 5), column(theirs, 5), rows(8)), refs[3]),
     ]
     if enough:
         candidates += [
-            ratio_shift("correct_length", column(child, 2), column(theirs, 2)),
-            ratio_shift("answer_spans", column(child, 3), column(theirs, 3), smooth=1.0),
+            ratio_shift("correct_length", column(child, 2), column(theirs, 2), noise=noise["correct_length"]),
+            ratio_shift("answer_spans", column(child, 3), column(theirs, 3), smooth=1.0, noise=noise["answer_spans"]),
             _composition(ctx, texts),
             _novelty(ctx, texts),
         ]
     return [s.finding(parent) for s in candidates if s is not None]
+
+
+def _sampling_noise(ctx: Context, texts: str, parent: str) -> dict[str, tuple[float, float]]:
+    """Per ratio feature, (child, parent): the standard error of the log of the statistic over all
+    of that side's answers. A mean's is sd / (mean sqrt(n)); the 90th percentile's, half the log
+    distance between the quantiles one binomial standard error (sqrt(0.9 x 0.1 / n)) either side
+    of 0.9 (distribution-free: the order statistics that bracket it)."""
+    stats = ctx.q(
+        f"""
+        SELECT version = $parent AS theirs, count(*), avg(length(text)), coalesce(stddev_samp(length(text)), 0),
+               count(*) FILTER (WHERE solved), avg(length(text)) FILTER (WHERE solved),
+               coalesce(stddev_samp(length(text)) FILTER (WHERE solved), 0),
+               avg(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE solved),
+               coalesce(stddev_samp(len(regexp_extract_all(text, '{ANSWER_SPAN}'))) FILTER (WHERE solved), 0)
+        FROM {texts} GROUP BY ALL ORDER BY theirs
+        """,
+        {"parent": parent},
+    )
+
+    def se(sd: float | None, mean: float | None, n: int) -> float:
+        return 0.0 if not n or not mean or mean <= 0 else float(sd or 0.0) / (float(mean) * math.sqrt(n))
+
+    out: dict[str, list[float]] = {"length": [], "length_p90": [], "correct_length": [], "answer_spans": []}
+    for theirs, n, mean, sd, solved, c_mean, c_sd, spans, spans_sd in stats:
+        out["length"].append(se(sd, mean, n))
+        out["correct_length"].append(se(c_sd, c_mean, solved))
+        out["answer_spans"].append(se(spans_sd, None if spans is None else spans + 1.0, solved))
+        step = math.sqrt(0.9 * 0.1 / max(1, n))
+        low, high = ctx.q1(
+            f"SELECT quantile_cont(length(text), $low), quantile_cont(length(text), $high) FROM {texts}"
+            " WHERE (version = $parent) = $theirs",
+            {"low": max(0.0, 0.9 - step), "high": min(1.0, 0.9 + step), "parent": parent, "theirs": theirs},
+        ) or (None, None)
+        spread = math.log(high) - math.log(low) if low and high and low > 0 else 0.0
+        out["length_p90"].append(spread / 2)
+    return {k: (v[0], v[1]) if len(v) == 2 else (0.0, 0.0) for k, v in out.items()}
 
 
 def _toward(shift: Shift | None, reference: float | None) -> Shift | None:
