@@ -22,6 +22,7 @@ from engine.coach.schedule import (
     POWER_FACTOR,
     Schedule,
     SegmentVerdict,
+    held_to,
     margin,
     power_length,
     segment_label,
@@ -156,6 +157,76 @@ def test_small_real_gains_are_kept_where_a_test_of_each_increment_throws_them_aw
     old_rate, old_se = _rate(old)
     assert old_rate == pytest.approx(np.mean(predicted_old), abs=4 * old_se)
     assert new_rate - old_rate > 4 * np.hypot(new_se, old_se)
+
+
+@pytest.mark.usefixtures("quick_bootstrap")
+def test_a_segment_that_loses_its_own_floor_is_promoted_at_most_at_the_stated_rate() -> None:
+    """The head established +0.08 over the start, so half its established gain is narrower than a
+    segment's floor and the floor is the margin; the segment loses 0.04, more than its floor (a
+    loss its verdict can see), with +0.04 left that the lineage test alone would mostly promote.
+    The non-inferiority test refuses it but for at most 2.5%."""
+    rng = np.random.default_rng(10)
+    labels, lineage_alone, floor_binds, floors = [], [], [], []
+    for i in range(300):
+        difficulty = rng.uniform(0.1, 0.7, TASKS)
+        s, h, c = (_scores(rng, difficulty, e) for e in (0.0, 0.08, 0.04))
+        established = _verdict("S", "H", s, h, 3 * i)
+        segment = SegmentVerdict(
+            _verdict("H", "C", h, c, 3 * i + 1), _verdict("S", "C", s, c, 3 * i + 2), margin(established)
+        )
+        main = segment.primary_delta
+        assert main is not None
+        labels.append(segment.label)
+        lineage_alone.append(segment.lineage.label)
+        floors.append(main.noise_floor)
+        floor_binds.append(held_to(segment.segment, segment.give_back) == main.noise_floor)
+    rate, se = _rate(labels)
+    assert 0.04 > float(np.mean(floors))  # the loss is beyond the segment's floor
+    assert np.mean(floor_binds) > 0.8  # the floor, not the established gain, is the margin
+    assert rate <= ALPHA + 3 * se
+    assert lineage_alone.count("improved") / len(lineage_alone) > 0.5  # the case is not vacuous
+
+
+@pytest.mark.usefixtures("quick_bootstrap")
+def test_a_parent_that_barely_cleared_the_floor_does_not_make_its_segment_beat_it() -> None:
+    """The head cleared the floor with little to spare (+0.06: half its established gain is about
+    0.01); the segment adds a real +0.015. Held to half the established gain alone, the segment
+    must beat its parent by its own floor less that, nearly the per-increment test, and most such
+    segments are pruned; held to its floor, it is kept when its estimate is not below its
+    parent's. Both come from the same simulated runs (those whose head was promoted), and each
+    segment test's rate is compared with its normal-approximation prediction."""
+    rng = np.random.default_rng(11)
+    z = stats.norm.ppf(0.975)
+    labels, narrow_labels, kept, narrow, predicted_kept, predicted_narrow = [], [], [], [], [], []
+    seed = 0
+    while len(labels) < 200:
+        seed += 3
+        difficulty = rng.uniform(0.1, 0.7, TASKS)
+        s, h, c = (_scores(rng, difficulty, e) for e in (0.0, 0.06, 0.075))
+        established = _verdict("S", "H", s, h, seed)
+        if established.label != "improved":
+            continue
+        segment = SegmentVerdict(
+            _verdict("H", "C", h, c, seed + 1), _verdict("S", "C", s, c, seed + 2), margin(established)
+        )
+        main, give_back, held = segment.primary_delta, segment.give_back, held_to(segment.segment, segment.give_back)
+        assert main is not None and give_back is not None and held is not None
+        labels.append(segment.label)
+        kept.append(main.low > -held)
+        narrow.append(main.low > -give_back)
+        lineage_improved = segment.lineage.label == "improved"
+        narrow_labels.append("improved" if lineage_improved and narrow[-1] else "insufficient evidence")
+        # The segment's estimate: sd floor / z around its true +0.015; its lower end is it less the floor.
+        sd = main.noise_floor / z
+        predicted_kept.append(float(stats.norm.sf(main.noise_floor - held, loc=0.015, scale=sd)))
+        predicted_narrow.append(float(stats.norm.sf(main.noise_floor - give_back, loc=0.015, scale=sd)))
+    for outcomes, predicted in ((kept, predicted_kept), (narrow, predicted_narrow)):
+        rate = float(np.mean(outcomes))
+        assert rate == pytest.approx(np.mean(predicted), abs=4 * np.sqrt(max(rate * (1 - rate), 0.01) / len(outcomes)))
+    rate, se = _rate(labels)
+    narrow_rate, narrow_se = _rate(narrow_labels)
+    assert rate - narrow_rate > 4 * np.hypot(se, narrow_se)
+    assert rate > 0.5
 
 
 def test_segment_label_reads_each_condition() -> None:

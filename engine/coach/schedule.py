@@ -40,10 +40,15 @@ promoted when
    most 2.5% (the one-sided level of the 95% interval);
 2. the segment is not regressed against its parent (its 95% interval is not wholly below 0); and
 3. the segment is non-inferior to its parent at a margin of half the gain the lineage had
-   established at its parent (the lower end of the parent's interval against the start): a
-   segment that loses that margin or more is promoted with probability at most 2.5%, so at least
-   half of an established gain is kept (the convention of non-inferiority trials, M2 = M1 / 2).
-   A provisional parent established nothing: the lineage test alone decides.
+   established at its parent (the lower end of the parent's interval against the start), or of
+   the segment's own floor (its interval's half-width) where that is wider: a segment that loses
+   that margin or more is promoted with probability at most 2.5%, so at least half of an
+   established gain is kept (the convention of non-inferiority trials, M2 = M1 / 2), and no
+   segment is promoted that lost as much as its verdict can see. A margin narrower than the
+   floor would ask a parent that barely cleared the floor for a segment that beats it beyond its
+   own floor, a test of each increment by itself, which throws away the small real gains of
+   continued training one at a time; at the floor the segment is kept when its estimate is not
+   below its parent's. A provisional parent established nothing: the lineage test alone decides.
 Over a lineage of K promoted segments, the chance that any of them is a false promotion is at most
 K x 2.5% (Bonferroni); `tests/test_schedule.py` checks both rates by simulation.
 """
@@ -374,7 +379,7 @@ def continuation(steps: int, plan: Plan) -> Intervention:
         hypothesis=f"If {plan.parent} trains {steps} more steps with no change, resuming its training, val correctness"
         f" keeps what it gained and adds to it: its lineage is still gaining. Sized by {plan.how}; {start}",
         success_criterion="the lineage beats its start beyond the floor, and this segment keeps at least half the"
-        " gain its parent had established (non-inferiority at that margin)",
+        " gain its parent had established (non-inferiority at that margin, or at its own floor where wider)",
         rollback=f"keep {plan.parent}; screen new factors from it",
         evidence=[f"lineage:{lineage.winner}" + (" (provisional)" if plan.provisional else "")],
         template=CONTINUE,
@@ -398,8 +403,8 @@ def combination(plan: Plan) -> Intervention:
         hypothesis=f"If {plan.parent} also takes {what} (each beat the same control as {plan.parent} did), val"
         f" correctness rises beyond what {plan.parent} alone reaches: the factors act on different bottlenecks."
         f" Trained {plan.steps} steps, sized by {plan.how}",
-        success_criterion=f"not worse than {plan.parent} (the best single factor) beyond half its established gain,"
-        " and the lineage beats its start beyond the floor",
+        success_criterion=f"not worse than {plan.parent} (the best single factor) beyond half its established gain"
+        " (or its own floor where wider), and the lineage beats its start beyond the floor",
         rollback=f"keep {plan.parent} and continue it alone",
         evidence=evidence,
         template=COMBINE,
@@ -417,17 +422,27 @@ def margin(established: Verdict | None) -> float | None:
     return MARGIN_SHARE * max(0.0, main.low) if main is not None else None
 
 
+def held_to(segment: Verdict, give_back: float | None) -> float | None:
+    """The non-inferiority margin a segment is held to: what its parent's established gain lets it
+    give back (`margin`), never narrower than the segment's own floor; None when its parent
+    established nothing."""
+    main = segment.primary_delta
+    if give_back is None or main is None:
+        return give_back
+    return max(give_back, main.noise_floor)
+
+
 def segment_label(segment: Verdict, lineage: Verdict, give_back: float | None) -> str:
     """The label a continuation or combination is decided by (see the module's doc): improved when
     the lineage beats its start and the segment is neither regressed nor worse than its parent by
-    `give_back` or more; regressed when the segment or the lineage is; else insufficient evidence
-    (mixed when the lineage is)."""
+    its margin (`held_to`) or more; regressed when the segment or the lineage is; else insufficient
+    evidence (mixed when the lineage is)."""
     if segment.label == "regressed" or lineage.label == "regressed":
         return "regressed"
     if lineage.label != "improved":
         return lineage.label
-    main = segment.primary_delta
-    if give_back is not None and (main is None or main.low <= -give_back):
+    main, held = segment.primary_delta, held_to(segment, give_back)
+    if held is not None and (main is None or main.low <= -held):
         return "insufficient evidence"
     return "improved"
 
@@ -455,9 +470,16 @@ class SegmentVerdict:
         return self.segment.parent
 
     def summary(self) -> str:
+        margin = held_to(self.segment, self.give_back)
         held = (
-            f"may give back at most {self.give_back:.3f} (half the gain {self.segment.parent} established)"
-            if self.give_back is not None
+            f"may give back at most {margin:.3f} ("
+            + (
+                f"half the gain {self.segment.parent} established"
+                if margin == self.give_back
+                else f"its floor; half the gain {self.segment.parent} established is {self.give_back:.3f}"
+            )
+            + ")"
+            if margin is not None and self.give_back is not None
             else f"{self.segment.parent} established nothing: the lineage decides"
         )
         seg = self.segment.summary().split(": ", 1)[-1]
