@@ -50,7 +50,7 @@ promoted when
    continued training one at a time; at the floor the segment is kept when its estimate is not
    below its parent's. A provisional parent established nothing: the lineage test alone decides.
 Over a lineage of K promoted segments, the chance that any of them is a false promotion is at most
-K x 2.5% (Bonferroni); `tests/test_schedule.py` checks both rates by simulation.
+K x 2.5% (Bonferroni); `tests/test_schedule.py` checks each rate by simulation.
 """
 
 from __future__ import annotations
@@ -470,21 +470,14 @@ class SegmentVerdict:
         return self.segment.parent
 
     def summary(self) -> str:
-        margin = held_to(self.segment, self.give_back)
-        held = (
-            f"may give back at most {margin:.3f} ("
-            + (
-                f"half the gain {self.segment.parent} established"
-                if margin == self.give_back
-                else f"its floor; half the gain {self.segment.parent} established is {self.give_back:.3f}"
-            )
-            + ")"
-            if margin is not None and self.give_back is not None
-            else f"{self.segment.parent} established nothing: the lineage decides"
-        )
+        parent, give_back = self.segment.parent, self.give_back
+        held = held_to(self.segment, give_back)
+        if give_back is None or held is None:
+            note = f"{parent} established nothing: the lineage decides"
+        elif held == give_back:
+            note = f"may give back at most {held:.3f} (half the gain {parent} established)"
+        else:
+            note = f"may give back at most {held:.3f} (its floor; half the gain {parent} established: {give_back:.3f})"
         seg = self.segment.summary().split(": ", 1)[-1]
         lin = self.lineage.summary().split(": ", 1)[-1]
-        return (
-            f"{self.label}: segment against {self.segment.parent}: {seg} ({held});"
-            f" lineage against {self.lineage.parent}: {lin}"
-        )
+        return f"{self.label}: segment against {parent}: {seg} ({note}); lineage against {self.lineage.parent}: {lin}"
