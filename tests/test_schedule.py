@@ -216,7 +216,8 @@ def test_a_parent_that_barely_cleared_the_floor_does_not_make_its_segment_beat_i
         narrow.append(main.low > -give_back)
         lineage_improved = segment.lineage.label == "improved"
         narrow_labels.append("improved" if lineage_improved and narrow[-1] else "insufficient evidence")
-        # The segment's estimate: sd floor / z around its true +0.015; its lower end is it less the floor.
+        # The segment's estimate has sd floor / z around its true +0.015; its lower end is the
+        # estimate less the floor, so it clears -margin when the estimate exceeds floor - margin.
         sd = main.noise_floor / z
         predicted_kept.append(float(stats.norm.sf(main.noise_floor - held, loc=0.015, scale=sd)))
         predicted_narrow.append(float(stats.norm.sf(main.noise_floor - give_back, loc=0.015, scale=sd)))
@@ -235,7 +236,14 @@ def test_segment_label_reads_each_condition() -> None:
 
     gain, flat, loss = v(0.01, 0.05), v(-0.02, 0.02), v(-0.05, -0.01)
     assert segment_label(flat, gain, 0.03) == "improved"
-    assert segment_label(flat, gain, 0.01) == "insufficient evidence"  # may lose more than the margin
+    assert segment_label(v(-0.04, 0.0), gain, 0.03) == "insufficient evidence"  # may lose more than the margin
+    # A margin narrower than the segment's floor (0.02 here) is widened to it: kept while the
+    # estimate is above its parent's, not when it is below.
+    assert held_to(flat, 0.01) == pytest.approx(0.02)
+    assert held_to(flat, 0.03) == pytest.approx(0.03)
+    assert held_to(flat, None) is None
+    assert segment_label(v(-0.015, 0.025), gain, 0.01) == "improved"
+    assert segment_label(v(-0.025, 0.015), gain, 0.01) == "insufficient evidence"
     assert segment_label(flat, gain, None) == "improved"  # a provisional head: the lineage decides
     assert segment_label(loss, gain, 0.1) == "regressed"  # worse than its parent beyond the floor
     assert segment_label(gain, flat, 0.03) == "insufficient evidence"  # the lineage does not beat its start
