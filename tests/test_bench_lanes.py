@@ -96,3 +96,22 @@ def test_each_seeds_arms_follow_its_prepare_job_and_results_come_in_order(tmp_pa
         assert (logs / "base.result.json").stat().st_mtime <= (logs / "hand.job.json").stat().st_mtime
         for arm in ARMS:
             assert (logs / f"{arm}.log").read_text() == f"threads {threads_per_lane(2)}\n"
+
+
+def test_a_lone_seeds_prepare_job_runs_on_the_lanes_threads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With one seed the prepare job has the machine to itself, yet it runs on the threads its
+    seed's prepare job has beside others (a v0 built on two threads is another v0)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # two cores given, two lanes: one thread each
+    assert threads_per_lane(2) == 1 < threads_per_lane(1)
+    settings = BenchSettings(budget_steps=2, version_steps=1, seeds=(7,))
+    result = {"final": "v0", "clean_greedy": None, "clean_sampled": None, "clean_halfwidth": None}
+    result |= {"seen_greedy": None, "steps": 0, "cpu_seconds": 0.0, "wall_seconds": 0.0, "versions": []}
+    body = (
+        f'echo "threads $OMP_NUM_THREADS"\n'
+        f'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=json.loads(sys.argv[2]);'
+        f" r.update(arm=j['arm'], seed=j['seed'], workspace='');"
+        f" open(j['out'], 'w').write(json.dumps(r))\" \"$job\" '{json.dumps(result)}'\n"
+    )
+    run_in_lanes(tmp_path / "ws", tmp_path / "bench", settings, [], 2, lambda _: None, python=stand_in(tmp_path, body))
+    logs = tmp_path / "bench" / "seed7" / "lanes"
+    assert {arm: (logs / f"{arm}.log").read_text() for arm in ARMS} == {arm: "threads 1\n" for arm in ARMS}

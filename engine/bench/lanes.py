@@ -5,11 +5,14 @@ of the clone for each training arm: `arms.prepare_seed`) and then one job per tr
 (`arms.run_trained_arm`). With `lanes` > 1 each job is a process of its own
 (``python -m engine.bench.lanes JOB_FILE``), at most `lanes` of them at once, and every run it
 starts gets `cores // lanes` torch threads (``OMP_NUM_THREADS``, which a worker reads when it
-imports torch), save the prepare job of a one-seed benchmark, which runs alone and gets them all.
+imports torch), the prepare job of a one-seed benchmark too: a seed's results depend on the lane
+count, not on how many seeds run beside it. (The thread count is part of a run's inputs: the
+embedded policy's warm-up, seeded, ends with the same weights bit for bit on one thread every
+time, and with others on two; so does the code sample's seed 7, whose v0 scored 0.606 on test
+built alone on two threads and 0.479 on one.)
 A tiny policy's step keeps two threads only partly busy: on 2 cores an arm on one thread beside
 another takes 1.4 to 1.7 times as long as alone on both, so two lanes do the same work in about
-0.8 of the time (the math report: 54.9 minutes against 68.6, docs/bench.md), and the embedded
-policies train to the same numbers on one thread as on two (every arm's test score per task).
+0.8 of the time (the math report: 54.9 minutes against 68.6, docs/bench.md).
 The arms share nothing a lane could race on: each has its own copy of the seed's clone, its own
 store and its own engine.
 
@@ -153,9 +156,10 @@ class _Lanes:
         }
         spec_path.write_text(json.dumps(spec, indent=2), encoding="utf-8")
         own = f"seed {job.seed}:"
-        # A lone seed's prepare job has the machine to itself: nothing else is ready while it runs.
-        alone = job.arm == "base" and len(self.settings.seeds) == 1
-        threads = str(threads_per_lane(1) if alone else self.threads)
+        # Every job on the lanes' threads, a lone seed's prepare job too (which would have the
+        # machine to itself): torch's results differ in their last bits on another thread count,
+        # so a v0 built on two threads is not the v0 the same seed builds beside others on one.
+        threads = str(self.threads)
         with log.open("w", encoding="utf-8") as sink:
             proc = subprocess.Popen(
                 [self.python, "-m", "engine.bench.lanes", str(spec_path)],
