@@ -61,28 +61,36 @@ def test_a_failing_job_stops_the_others_and_names_its_output(tmp_path: Path) -> 
     assert not list((tmp_path / "bench").glob("seed*/lanes/full.job.json"))
 
 
-def test_each_seeds_arms_follow_its_prepare_job_and_results_come_in_order(tmp_path: Path) -> None:
-    # Each job answers with an arm result naming itself; its threads go into its output.
-    result = {
-        "arm": "?",
-        "seed": 0,
-        "workspace": "",
-        "final": "v0",
-        "clean_greedy": None,
-        "clean_sampled": None,
-        "clean_halfwidth": None,
-        "seen_greedy": None,
-        "steps": 0,
-        "cpu_seconds": 0.0,
-        "wall_seconds": 0.0,
-        "versions": [],
-    }
-    body = (
+#: The arm result a stand-in job answers with (naming its arm and seed).
+ANSWER = {
+    "arm": "?",
+    "seed": 0,
+    "workspace": "",
+    "final": "v0",
+    "clean_greedy": None,
+    "clean_sampled": None,
+    "clean_halfwidth": None,
+    "seen_greedy": None,
+    "steps": 0,
+    "cpu_seconds": 0.0,
+    "wall_seconds": 0.0,
+    "versions": [],
+}
+
+
+def answering(result: dict[str, object]) -> str:
+    """A stand-in job's body: it writes its threads to its output and answers with `result`,
+    named after its job's arm and seed."""
+    return (
         f'echo "threads $OMP_NUM_THREADS"\n'
         f'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=json.loads(sys.argv[2]);'
         f" r.update(arm=j['arm'], seed=j['seed']);"
         f" open(j['out'], 'w').write(json.dumps(r))\" \"$job\" '{json.dumps(result)}'\n"
     )
+
+
+def test_each_seeds_arms_follow_its_prepare_job_and_results_come_in_order(tmp_path: Path) -> None:
+    body = answering(ANSWER)
     lines: list[str] = []
     results = run_in_lanes(
         tmp_path / "ws", tmp_path / "bench", SETTINGS, [], 2, lines.append, python=stand_in(tmp_path, body)
@@ -104,14 +112,7 @@ def test_a_lone_seeds_prepare_job_runs_on_the_lanes_threads(tmp_path: Path, monk
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # two cores given, two lanes: one thread each
     assert threads_per_lane(2) == 1 < threads_per_lane(1)
     settings = BenchSettings(budget_steps=2, version_steps=1, seeds=(7,))
-    result = {"final": "v0", "clean_greedy": None, "clean_sampled": None, "clean_halfwidth": None}
-    result |= {"seen_greedy": None, "steps": 0, "cpu_seconds": 0.0, "wall_seconds": 0.0, "versions": []}
-    body = (
-        f'echo "threads $OMP_NUM_THREADS"\n'
-        f'python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=json.loads(sys.argv[2]);'
-        f" r.update(arm=j['arm'], seed=j['seed'], workspace='');"
-        f" open(j['out'], 'w').write(json.dumps(r))\" \"$job\" '{json.dumps(result)}'\n"
-    )
+    body = answering(ANSWER)
     run_in_lanes(tmp_path / "ws", tmp_path / "bench", settings, [], 2, lambda _: None, python=stand_in(tmp_path, body))
     logs = tmp_path / "bench" / "seed7" / "lanes"
     assert {arm: (logs / f"{arm}.log").read_text() for arm in ARMS} == {arm: "threads 1\n" for arm in ARMS}

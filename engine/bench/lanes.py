@@ -8,8 +8,8 @@ starts gets `cores // lanes` torch threads (``OMP_NUM_THREADS``, which a worker 
 imports torch), the prepare job of a one-seed benchmark too: a seed's results depend on the lane
 count, not on how many seeds run beside it. (The thread count is part of a run's inputs: the
 embedded policy's warm-up, seeded, ends with the same weights bit for bit on one thread every
-time, and with others on two; so does the code sample's seed 7, whose v0 scored 0.606 on test
-built alone on two threads and 0.479 on one.)
+time, and with others on two; the code sample's seed 7 built a v0 scoring 0.606 on test alone on
+two threads, 0.479 on one.)
 A tiny policy's step keeps two threads only partly busy: on 2 cores an arm on one thread beside
 another takes 1.4 to 1.7 times as long as alone on both, so two lanes do the same work in about
 0.8 of the time (the math report: 54.9 minutes against 68.6, docs/bench.md).
