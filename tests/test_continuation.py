@@ -9,6 +9,7 @@ prompts again (what a fresh child sees).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,12 @@ def sample_config(**changes: Any) -> WorkspaceConfig:
     return parse_config(edit_toml(text, changes), Path(CONFIG_FILE))
 
 
-def test_only_a_change_of_steps_continues_training() -> None:
+def test_only_a_change_of_steps_or_rate_continues_training() -> None:
     parent = sample_config()
     assert continuation.continues_training(parent, parent)  # the control: no change at all
     assert continuation.continues_training(parent, sample_config(**{"recipe.steps": 37}))
+    assert continuation.continues_training(parent, sample_config(**{"recipe.learning_rate": 4e-5}))  # a new rate
     for change in (
-        {"recipe.learning_rate": 4e-5},
         {"recipe.steps": 37, "recipe.temperature": 0.7},  # steps and something else
         {"recipe.seed": 1},
         {"recipe.save_every": 5},
@@ -132,7 +133,7 @@ def test_a_lineage_trained_in_segments_is_one_run(tiny_workspace_v0: Workspace) 
         long = child("v0", **{"recipe.steps": 2 * K})  # one run of 2K steps
         first = child("v0", **{"recipe.steps": K})  # K steps ...
         second = child(first)  # ... and K more: the no-change control of `first`
-        fresh = child(first, **{"recipe.learning_rate": 3e-5, "recipe.steps": 1})  # another change
+        fresh = child(first, **{"recipe.temperature": 0.7, "recipe.steps": 1})  # another change
 
         runs = {v: engine.train_run(v) for v in (long, first, second, fresh)}
         specs = {v: RunSpec.load(Path(r.run_dir)) for v, r in runs.items() if r is not None}
@@ -216,15 +217,15 @@ def segment_config(root: Path, steps: int, **recipe: Any) -> WorkspaceConfig:
     return config.model_copy(update={"recipe": config.recipe.model_copy(update=recipe)}) if recipe else config
 
 
-def train(root: Path, name: str, steps: int, model_in: Path, resume_from: Path | None = None) -> Path:
-    """A train run through `worker.run_train` in this process, resumed as a relaunched worker would
-    be if it is killed; its run directory."""
+def train(root: Path, name: str, steps: int, model_in: Path, resume_from: Path | None = None, **recipe: Any) -> Path:
+    """A train run through `worker.run_train` in this process (the recipe with `recipe`'s
+    settings), resumed as a relaunched worker would be if it is killed; its run directory."""
     run_dir = root / name
     spec = RunSpec(
         run_id=name,
         version=name,
         kind="train",
-        config=segment_config(root / CONFIG_FILE, steps),
+        config=segment_config(root / CONFIG_FILE, steps, **recipe),
         model_in=model_in,
         model_out=root / "models" / name,
         resume_from=resume_from,
@@ -296,6 +297,38 @@ def test_a_continuation_killed_and_relaunched_is_still_the_long_run(
     assert continuation.kept_checkpoint(root / "models" / name) == (
         root / "models" / name / continuation.RESUME_DIR / f"checkpoint-{2 * SEGMENT}"
     )
+
+
+@pytest.mark.slow
+def test_a_continuation_at_a_new_rate_is_the_long_run_with_the_rate_changed(lineage: Path) -> None:
+    """One step on from `first` at three times its rate and one at its rate: both restore the same
+    weights, moments, data position and RNG, so both compute the same first update direction,
+    and AdamW's step (decay included) is linear in the rate: the faster one moves the weights
+    exactly three times as far. Its optimizer goes on counting the lineage's steps (a fresh
+    one would count from 1), and its trainer state logs the new rate from its first step."""
+    root = lineage
+    kept = continuation.kept_checkpoint(root / "models" / "first")
+    assert kept is not None
+    rate = segment_config(root / CONFIG_FILE, 1).recipe.learning_rate
+    for name, lr in (("same-rate", rate), ("three-times", 3 * rate)):
+        train(root, name, 1, root / "models" / "first", kept, learning_rate=lr)
+    start = weights(root / "models" / "first")
+    moved = {
+        name: torch.cat([(w - w0).flatten() for w, w0 in zip(weights(root / "models" / name), start, strict=True)])
+        for name in ("same-rate", "three-times")
+    }
+    assert float(moved["same-rate"].norm()) > 0
+    error = (moved["three-times"] - 3 * moved["same-rate"]).norm() / (3 * moved["same-rate"]).norm()
+    assert float(error) < 1e-3, float(error)
+
+    resumed = continuation.kept_checkpoint(root / "models" / "three-times")
+    assert resumed is not None and resumed.name == f"checkpoint-{SEGMENT + 1}"
+    optimizer = torch.load(resumed / "optimizer.pt", weights_only=False)
+    assert {g["lr"] for g in optimizer["param_groups"]} == {3 * rate}
+    assert {int(s["step"]) for s in optimizer["state"].values()} == {SEGMENT + 1}
+    history = json.loads((resumed / TRAINER_STATE_NAME).read_text())["log_history"]
+    rates = {h["step"]: h["learning_rate"] for h in history if "learning_rate" in h}
+    assert rates == {**{s: rate for s in range(1, SEGMENT + 1)}, SEGMENT + 1: 3 * rate}, rates
 
 
 @pytest.mark.slow

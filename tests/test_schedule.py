@@ -4,6 +4,7 @@ against an independent oracle (scipy's normal distribution), not against the cod
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -475,7 +476,8 @@ def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes
     """Versions of 10 steps and a budget of 30: half the budget fits one branch, the control (a
     lone factor would be judged against v0 alone). Every step pays +0.001 and no factor adds
     anything: 10 steps are inside the floor of 1000 val tasks, so the control is pruned and
-    continued provisionally, and each continuation goes on while it adds by point estimate, until
+    continued provisionally (its first segment with the factor the planner ranks first, which no
+    screen had room to test), and each continuation goes on while it adds by point estimate, until
     the budget ends. The answer's lineage carries every step and is v0's answer only when its
     whole gain is inside the floor."""
     runner = LineageRunner(bonus=0.0, per_step=0.001, steps_pay=True)
@@ -485,13 +487,22 @@ def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes
         versions = tree(engine)
         best = engine.best_version()
         records = {v.name: v for v in engine.store.list_versions()}
+        rows = engine.store.query(
+            "SELECT v.name, i.change, i.kind FROM versions v JOIN interventions i ON i.id = v.intervention_id"
+        )
+        changes = {name: json.loads(change) if isinstance(change, str) else change for name, change, _ in rows}
+        kinds = {name: kind for name, _, kind in rows}
     screen = [v for v, (parent, *_) in versions.items() if parent == "v0"]
     assert [versions[v][1] for v in screen] == [CONTROL], versions
     assert sum(steps for *_, steps in versions.values()) == 30
     last = max(versions, key=lambda v: int(v[1:]))
     chain = lineage_of(versions, last)
     assert set(chain) == set(versions) - {"v0"}, versions  # one lineage: nothing else was trained
-    assert all(versions[v][1] == CONTINUE for v in chain[:-1]), versions
+    first, *later = reversed(chain[:-1])  # the segments after the control, in order
+    assert versions[first][1] == COMBINE and all(versions[v][1] == CONTINUE for v in later), versions
+    # The first segment changed how the lineage trains (an optimizer factor) besides its steps.
+    assert kinds[first] == "optimizer" and set(changes[first]) - {"recipe.steps"}, (kinds[first], changes[first])
+    assert "segment against v1" in (records[first].decision_reason or ""), records[first].decision_reason
     # The control and at least one continuation were inside the floor by themselves, yet continued.
     pruned = [v for v in chain[1:] if versions[v][2] == "pruned"]
     assert pruned and all((records[v].verdict_delta or 0.0) > 0 for v in pruned), versions
@@ -503,9 +514,10 @@ def test_a_screen_with_room_for_one_branch_runs_the_control_and_its_lineage_goes
 def test_a_lineage_stops_when_a_segment_adds_nothing(
     tmp_path: Path, sample_toml: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The control's first 10 steps gain +0.005 (inside the floor: continued provisionally); past
-    10 steps its lineage gives back 0.015, inside the floor too. That segment added nothing by
-    point estimate: it is not continued, and the steps left go to a screen from v0."""
+    """The control's first 10 steps gain +0.005 (inside the floor: continued provisionally, with
+    the factor the planner ranks first); past 10 steps its lineage gives back 0.015, inside the
+    floor too. That segment added nothing by point estimate: it is not continued; its winner is
+    continued alone (a combination's rollback), which adds nothing either."""
     runner = LineageRunner(bonus=0.0, per_step=0.0005, steps_pay=True, peak=10, drop=0.015)
     ws = scripted(tmp_path, sample_toml, monkeypatch, runner, val=1000, passes=8, steps=10)
     with Engine(ws) as engine:
@@ -513,7 +525,8 @@ def test_a_lineage_stops_when_a_segment_adds_nothing(
         versions = tree(engine)
         records = {v.name: v for v in engine.store.list_versions()}
     assert versions["v1"][:3] == ("v0", CONTROL, "pruned"), versions
-    assert versions["v2"][:3] == ("v1", CONTINUE, "pruned"), versions
+    assert versions["v2"][:3] == ("v1", COMBINE, "pruned"), versions
     assert records["v2"].verdict == "insufficient evidence" and (records["v2"].verdict_delta or 0.0) <= 0
     assert not any(parent == "v2" for parent, *_ in versions.values()), versions
-    assert versions["v3"][0] == "v0" and versions["v3"][1] not in (CONTROL, *EXPLOIT), versions
+    assert versions["v3"][:3] == ("v1", CONTINUE, "pruned"), versions
+    assert (records["v3"].verdict_delta or 0.0) <= 0, records["v3"]

@@ -15,12 +15,19 @@ from engine.coach.gatekeeper import Gatekeeper
 from engine.coach.interventions import control
 from engine.coach.planning import Planner
 from engine.coach.rounds import Round
-from engine.coach.schedule import Plan, combination, continuation
+from engine.coach.schedule import Plan, combination, continuation, explored
 from engine.harness.backtest import backtest_intervention
 from engine.harness.diagnose import Diagnosis
 
 #: Revise answers a design gate takes before the round gives up on proposing.
 MAX_REVISIONS = 3
+#: The kinds of factor a segment may take where its screen had room for the control alone: how the
+#: lineage trains (step size, sampling, clipping, the KL anchor, group size, the loss), not what it
+#: trains on or is judged by. A change of the reward, data, environment or evaluation changes what
+#: the lineage is; without a control beside it nothing tells its effect from the steps', and the
+#: verifier's audit rejects the behavior it shifts (dev seed 4 of the SWE sample: more turns moved
+#: the efficiency component 0.85 -> 0.94, a shift no rule measured).
+EXPLORED = ("optimizer",)
 
 
 class Designer:
@@ -40,7 +47,7 @@ class Designer:
             # Resuming at this design's gate: the proposals it shows, not new ones.
             if self.gatekeeper.gates.find(rnd.id, "after_design", subject) is None or not rnd.branches:
                 if plan is not None and plan.mode == "exploit":
-                    proposals = self._exploit(plan)
+                    proposals = self._exploit(rnd, diagnosis, plan)
                 else:
                     # The control comes on top of the round's factors when there is room for both.
                     # A screen of a step budget has room for `plan.branches`, the control first.
@@ -75,12 +82,26 @@ class Designer:
         self.ctx.emit("refused", f"round {rnd.id}: still revised after {MAX_REVISIONS} proposals")
         return rnd
 
-    def _exploit(self, plan: Plan) -> Proposals:
+    def _exploit(self, rnd: Round, diagnosis: Diagnosis | None, plan: Plan) -> Proposals:
         """An exploit round's one proposal: the winner combined with the other factors that beat
-        the same control (once), else the head continued."""
+        the same control (once); where its screen held the control alone, the winner with the
+        optimizer factor the planner ranks first for it from its diagnosis (once; `EXPLORED`); else
+        the head continued."""
+        factor = with_factor = None
+        if plan.explore:
+            ranked = self.planner.propose(rnd, diagnosis, 1, scheduled=True, kinds=EXPLORED)
+            factor = next((iv for iv in ranked.interventions if iv.kind in EXPLORED and iv.changes), None)
+            with_factor = explored(plan, factor) if factor is not None else None
         if plan.combine:
             iv = combination(plan)
             why = f"exploit {plan.parent}: combined with the factors that beat the same control"
+        elif with_factor is not None and self.planner.branches(rnd, Proposals([with_factor], "", ""), plan.steps):
+            assert factor is not None
+            iv = with_factor
+            why = (
+                f"exploit {plan.parent}: its screen had room for the control alone; continued {plan.steps} steps with"
+                f" the factor the planner ranks first ({factor.template or factor.source}), sized by {plan.how}"
+            )
         else:
             iv = continuation(plan.steps, plan)
             kind = "a provisional winner (inside the floor after its screen)" if plan.provisional else "the winner"

@@ -19,7 +19,7 @@ from engine.coach import bandit
 from engine.coach.backends.base import AnalyzerSpec, Backend, BackendError, PlanningContext, Proposals
 from engine.coach.backends.offline import OfflinePlanner, signals
 from engine.coach.gates import Gates
-from engine.coach.interventions import InterventionError, apply, config_changes, edit_toml, run_facts
+from engine.coach.interventions import CATALOG, InterventionError, apply, config_changes, edit_toml, run_facts
 from engine.coach.literature import Literature
 from engine.coach.memory import Lookups, Memory, failure_signature
 from engine.coach.rounds import Branch, Round, Rounds
@@ -113,12 +113,22 @@ class Planner:
         except (ValueError, VersionTreeError):
             return None
 
-    def propose(self, rnd: Round, diagnosis: Diagnosis | None, branches: int, scheduled: bool = False) -> Proposals:
+    def propose(
+        self,
+        rnd: Round,
+        diagnosis: Diagnosis | None,
+        branches: int,
+        scheduled: bool = False,
+        kinds: tuple[str, ...] | None = None,
+    ) -> Proposals:
         """The backend's proposals for the round; `scheduled`: a step budget's schedule sizes every
-        version's steps, so the templates that would change them are not offered."""
+        version's steps, so the templates that would change them are not offered; `kinds`: only
+        the catalog's templates of these kinds are offered."""
         ctx, lookups = self.context(rnd, diagnosis, branches)
         if scheduled:
             ctx.tried_templates = sorted({*ctx.tried_templates, *STEPS_TEMPLATES})
+        if kinds is not None:
+            ctx.tried_templates = sorted({*ctx.tried_templates, *(t.name for t in CATALOG if t.kind not in kinds)})
         try:
             proposals = self.backend.propose(ctx)
         except BackendError as exc:

@@ -16,10 +16,14 @@ each round is one of two kinds:
 - an **exploit** round: one branch, from a version a screen found: the head *continued* (its
   recipe unchanged, resuming its training state, so a lineage trained in segments is one long
   run), or first, when other factors beat the same control, the head with those factors
-  *combined*. A segment doubles the lineage's steps (successive halving's survivor gets twice
-  the budget) until a segment has measured what continued training gains per step; then it is
-  sized from power like a screen. The last segment takes what is left when less than another
-  would remain.
+  *combined*; or first, when the winner's screen had room for the control alone, the head with the
+  optimizer factor the planner ranks first for it (`explored`: with one-branch screens nothing
+  else would ever test what the diagnosis names about how the lineage trains; a new learning rate
+  resumes the head's training, `engine.runs.continuation`). A combination or that factor, when
+  not promoted, is given up and the head continued alone. A segment doubles the lineage's steps
+  (successive halving's survivor gets twice the budget) until a segment has measured what
+  continued training gains per step; then it is sized from power like a screen. The last segment
+  takes what is left when less than another would remain.
 
 A screen's winner is its promoted branch (the head the next round branches from; of several,
 the best by val, where a promoted control is no candidate when a promoted factor branch beside it
@@ -62,6 +66,7 @@ from statistics import median
 from typing import Literal
 
 from engine.coach.interventions import CONTROL, Intervention
+from engine.coach.rounds import Rounds
 from engine.store import Store, VersionRecord
 from engine.verdict import Delta, Verdict
 
@@ -111,6 +116,9 @@ class Plan:
     how: str
     combine: tuple[Intervention, ...] = ()
     provisional: bool = False
+    #: An exploit round whose winner's screen held the control alone: its one branch takes the
+    #: optimizer factor the planner ranks first for the head (`explored`), which no screen had room to test.
+    explore: bool = False
     #: A screen's branches, the control included when there is room for it (an exploit round has one).
     branches: int = 1
     lineage: Lineage | None = None
@@ -241,8 +249,12 @@ class Schedule:
         branches = [v for v in screened if rounds[v.name] == latest]
         if any(v.state in ("promoted", "created", "training", "trained") for v in branches):
             return None
-        if any(v.parent == b.name for v in versions.values() for b in branches):
-            return None  # one of them was continued already
+        if any(
+            v.parent == b.name and (templates.get(v.name) != COMBINE or v.state == "promoted")
+            for v in versions.values()
+            for b in branches
+        ):
+            return None  # one of them was continued already (one that lost a combination is continued alone)
         control = next((v for v in branches if templates.get(v.name) == CONTROL), None)
         # A factor must beat the control's gain too; the control, its parent only.
         bar = max(0.0, control.verdict_delta or 0.0) if control is not None else 0.0
@@ -328,8 +340,23 @@ class Schedule:
                 how += f"; the whole {steps_left} steps left, since less than another segment would remain"
             length = steps_left
         tried = any(v.parent == head and self._templates().get(v.name) == COMBINE for v in versions.values())
+        tried = tried or any(b.intervention.template == COMBINE for b in Rounds(self.store).dropped(head))
         combine = () if lineage.segments or tried else self._combination(lineage)
-        return Plan("exploit", head, max(1, length), how, combine, provisional, lineage=lineage)
+        explore = not (lineage.segments or tried or combine) and self._screened_alone(lineage)
+        if explore:
+            how += "; its screen had room for the control alone: it takes the optimizer factor the planner ranks first"
+        return Plan("exploit", head, max(1, length), how, combine, provisional, explore, lineage=lineage)
+
+    def _screened_alone(self, lineage: Lineage) -> bool:
+        """Whether the lineage's winner is a control its screen ran alone (no factor beside it)."""
+        templates, rounds = self._templates(), self._round_of()
+        if templates.get(lineage.winner) != CONTROL:
+            return False
+        screen = rounds.get(lineage.winner)
+        return not any(
+            v.parent == lineage.start and v.name != lineage.winner and rounds.get(v.name) == screen
+            for v in self._versions().values()
+        )
 
     def _combination(self, lineage: Lineage) -> tuple[Intervention, ...]:
         """The other factors of the winner's screen that each beat the same control and were
@@ -409,6 +436,27 @@ def combination(plan: Plan) -> Intervention:
         evidence=evidence,
         template=COMBINE,
         source="schedule",
+    )
+
+
+def explored(plan: Plan, factor: Intervention) -> Intervention:
+    """The first exploit round's branch when the winner's screen held the control alone: the winner
+    with `factor` (the optimizer factor the planner ranks first for it), one version, a segment of
+    the lineage judged like a combination (against its parent and on the lineage), credited to no
+    factor."""
+    lineage = plan.lineage
+    assert lineage is not None
+    return factor.model_copy(
+        update={
+            "hypothesis": f"{factor.hypothesis} The screen that found {lineage.winner} had room for the control"
+            f" alone, so {plan.parent} is continued with this factor: {plan.steps} steps, sized by {plan.how}",
+            "success_criterion": f"not worse than {plan.parent} beyond half its established gain (or its own floor"
+            " where wider), and the lineage beats its start beyond the floor",
+            "rollback": f"keep {plan.parent} and continue it alone",
+            "evidence": [*factor.evidence, f"lineage:{lineage.winner}{' (provisional)' if plan.provisional else ''}"],
+            "template": COMBINE,
+            "source": f"explore:{factor.template or factor.source}",
+        }
     )
 
 

@@ -1,14 +1,17 @@
 """Which child continues its parent's training, and the point it resumes from.
 
 A child whose workspace config is its parent's, except perhaps `recipe.steps` (the coach's
-no-change control, an exploit round's continuation), trains on from where its parent's run ended:
-the weights, AdamW's moments, the scheduler, the RNG states, TRL's global step (and with it the
-position in the train data), the group filter's and the collapse guard's state. A lineage trained
-in segments is then the same training as one long run, and a segment's gain is what more training
-buys, not what a fresh optimizer and the first prompts again buy. Any other change starts afresh
-from the parent's weights: the recipe it would resume was made for other settings (AdamW's moments
-for another learning rate, the filter's threshold for another reward, the data position for
-another train set).
+no-change control, an exploit round's continuation) and `recipe.learning_rate`, trains on from
+where its parent's run ended: the weights, AdamW's moments, the scheduler, the RNG states, TRL's
+global step (and with it the position in the train data), the group filter's and the collapse
+guard's state. A lineage trained in segments is then the same training as one long run, and a
+segment's gain is what more training buys, not what a fresh optimizer and the first prompts again
+buy. A new learning rate is one long run whose rate changes at the segment's first step: AdamW's
+moments are running averages of the gradients, whatever rate they were taken at, and the
+schedule is constant, so the worker sets the new rate after the parent's optimizer and scheduler
+are restored (`worker._Rate`). Any other change starts afresh from the parent's weights: the
+recipe it would resume was made for other settings (the filter's threshold for another reward,
+the data position for another train set, the moments for another loss or group).
 
 Each train run keeps its final checkpoint (TRL's own, with `engine.runs.checkpoint_state`'s file)
 in its version's model directory, `RESUME_DIR`; the run's own checkpoints go with its run
@@ -29,16 +32,19 @@ from engine.config import WorkspaceConfig
 
 #: The folder of a version's model directory that holds its run's final checkpoint (``checkpoint-STEP``).
 RESUME_DIR = "resume"
+#: The recipe's settings a continuation may change: how long it trains, and at which rate.
+RESUMABLE = ("steps", "learning_rate")
 #: transformers' `TRAINER_STATE_NAME`: written last, it makes a checkpoint whole.
 TRAINER_STATE = "trainer_state.json"
 
 
 def continues_training(parent: WorkspaceConfig, child: WorkspaceConfig) -> bool:
     """Whether `child` continues `parent`'s training: every setting the same but `recipe.steps`
-    (how many more steps it trains)."""
+    (how many more steps it trains) and `recipe.learning_rate` (the rate it trains them at)."""
     a, b = parent.model_dump(mode="json"), child.model_dump(mode="json")
-    a["recipe"].pop("steps")
-    b["recipe"].pop("steps")
+    for recipe in (a["recipe"], b["recipe"]):
+        for key in RESUMABLE:
+            recipe.pop(key)
     return a == b
 
 

@@ -252,7 +252,7 @@ def build_grpo_trainer(spec: RunSpec, run_dir: Path, events: EventLog) -> Filter
         ),
         train_dataset=grpo_dataset(domain, cfg.data, fmt),
         peft_config=lora,
-        callbacks=[_EventCallback(spec, run_dir, events, tokenizer, start), guard],
+        callbacks=[_EventCallback(spec, run_dir, events, tokenizer, start), guard, _Rate(recipe.learning_rate)],
         # Multi-turn domains play episodes: environment tokens are masked out of the loss (env_mask).
         rollout_func=recorder.rollout_function(recipe.max_completion_length, recipe.temperature)
         if recorder.agentic
@@ -399,6 +399,25 @@ class EpochSampler(RepeatSampler):
             self.generator.manual_seed(self.seed)
             for _ in range(epoch):
                 torch.randperm(self.num_samples, generator=self.generator)
+
+
+class _Rate(TrainerCallback):
+    """The recipe's learning rate from the first step on, also where a continuation restored its
+    parent's optimizer and scheduler, which carry the parent's rate (`continuation.RESUMABLE`).
+    transformers restores them before `on_train_begin`; the schedule is constant, so the
+    scheduler's base rate is the rate of every step."""
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = learning_rate
+
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, optimizer: Any = None, lr_scheduler: Any = None, **kw: Any
+    ) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = group["initial_lr"] = self.learning_rate
+        scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper, or the scheduler
+        scheduler.base_lrs = [self.learning_rate] * len(scheduler.base_lrs)
+        scheduler._last_lr = [self.learning_rate] * len(scheduler.base_lrs)
 
 
 class _EventCallback(TrainerCallback):
