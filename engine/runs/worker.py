@@ -417,6 +417,7 @@ class _Rate(TrainerCallback):
             group["lr"] = group["initial_lr"] = self.learning_rate
         scheduler = getattr(lr_scheduler, "scheduler", lr_scheduler)  # accelerate's wrapper, or the scheduler
         scheduler.base_lrs = [self.learning_rate] * len(scheduler.base_lrs)
+        # Else the first step logs the parent's rate: the scheduler has not stepped yet when it is read.
         scheduler._last_lr = [self.learning_rate] * len(scheduler.base_lrs)
 
 
