@@ -25,7 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EVOTUI = [str(Path(sys.executable).parent / "evotui")]
-SECTIONS = ("main", "rl_pays", "hand", "leak", "efficiency", "backtest", "transfer", "compute")
+SECTIONS = ("main", "reach", "rl_pays", "hand", "leak", "efficiency", "backtest", "transfer", "compute")
 
 
 def check(bench_dir: Path, seconds: float, quick: bool) -> list[str]:

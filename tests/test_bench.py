@@ -84,6 +84,7 @@ def test_bench_arms_share_v0_and_budget_and_report_test_scores(tmp_path: Path) -
         assert f"## {f.title}" in text
     assert [f.name for f in found] == [
         "main",
+        "reach",
         "rl_pays",
         "hand",
         "leak",

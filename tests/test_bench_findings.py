@@ -19,6 +19,7 @@ from engine.bench.report import (
     paired,
     plot_png,
     plot_terminal,
+    reach_finding,
     rl_pays_finding,
 )
 
@@ -153,6 +154,27 @@ def test_the_main_finding_needs_the_full_loop_beyond_score_only_and_random_searc
     d = paired(near.test_per_task, hand)
     assert d is not None and d[0] == -6 / TASKS and d[1] < 0 < d[2]
     assert hand_finding([r for r in rs if r.arm != "full"] + [near]).holds == {0: True}
+
+
+def test_the_reach_finding_asks_the_main_results_question_of_the_hand_recipe() -> None:
+    """The positive control of the main result: the same test, the hand recipe in the full loop's
+    place. It can fail where the main result holds (the test split does not tell the hand recipe
+    from a baseline), and it is not observed without a hand arm."""
+    rs = results(full_promotes_leak=False)
+    reach = reach_finding(rs)  # hand 0.40 against score-only 0.27 and random 0.35 on the same tasks
+    assert reach.holds == {0: True}
+    (line,) = reach.lines
+    assert line.startswith("seed 0: hand v1 0.400; vs score-only v1 0.270") and "vs random v1 0.350" in line
+    by_arm = {r.arm: r.test_per_task for r in rs}
+    gain = paired(by_arm["hand"], by_arm["base"])
+    assert gain is not None and f"; vs base: {gain[0]:+.3f} (95% {gain[1]:+.3f}" in line
+    assert "vs hand" not in line and "vs full" not in line
+    # Random search level with the hand recipe: the reference fails the test the full loop passes.
+    level = [r for r in rs if r.arm != "random"] + [
+        arm("random", 0, "v1", [version("v0", None, 0.3), version("v1", "v0", 0.4)])
+    ]
+    assert reach_finding(level).holds == {0: False} and main_finding(level).holds == {0: True}
+    assert reach_finding([r for r in rs if r.arm != "hand"]).verdict() == "not observed"
 
 
 def test_compute_counts_every_step_until_a_promoted_version_reached_the_hand_recipe() -> None:
